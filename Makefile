@@ -1,0 +1,40 @@
+# make run  : install everything (Debian packages, .venv, native tools) and run the main job
+# make test : install everything and run the test suite
+PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+NATIVE_SRC := $(wildcard native/*/*.cpp) $(wildcard native/*/*.hpp) native/Makefile
+
+.PHONY: setup system venv native run test test-all clean
+
+setup: system venv native
+
+system:
+	@bash scripts/setup-system.sh
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,spark]'
+	touch $@
+
+native: src/tilewise/_bin/.built
+
+src/tilewise/_bin/.built: $(NATIVE_SRC)
+	$(MAKE) -C native OUT=$(CURDIR)/src/tilewise/_bin
+	touch $@
+
+run: setup
+	$(BIN)/tilewise topo
+	$(BIN)/tilewise plan --policy auto
+
+test: setup
+	$(BIN)/pytest -q
+
+test-all: setup
+	TILEWISE_SLOW=1 $(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) src/tilewise/_bin build

@@ -1,0 +1,80 @@
+"""The `tilewise` command line. Subcommands live in modules of this package and load lazily,
+so `tilewise topo` does not pay for importing engines or plotting.
+
+Exit codes: 0 success, 1 error (one line, `Error: ...`), 2 bad usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+
+import click
+
+from tilewise import __version__
+from tilewise.errors import TilewiseError
+
+# name -> "module:attribute"; a new subcommand is one line here.
+COMMANDS = {
+    "topo": "tilewise.cli.topo:topo",
+    "plan": "tilewise.cli.plan:plan_cmd",
+    "exec": "tilewise.cli.exec:exec_cmd",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="tilewise")
+def cli() -> None:
+    """Measure the machine, plan a NUMA/chiplet-aware deployment, launch it, run, report."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, turned into an exception so every `finally` (cleanup) runs."""
+
+
+def _on_sigterm(signum, frame):  # pragma: no cover - exercised by integration tests
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        cli.main(args=argv, prog_name="tilewise", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Error: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        msg = " ".join(e.format_message().split())
+        click.echo(f"Error: {msg} (see `tilewise {_sub(argv)}--help`)", err=True)
+        sys.exit(e.exit_code)
+    except TilewiseError as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except (KeyboardInterrupt, Terminated):
+        click.echo("Error: interrupted; everything started was stopped and restored", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(1)
+
+
+def _sub(argv: list[str] | None) -> str:
+    args = sys.argv[1:] if argv is None else argv
+    for a in args:
+        if a in COMMANDS:
+            return a + " "
+    return ""

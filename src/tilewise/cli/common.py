@@ -1,0 +1,35 @@
+"""Options and output helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+topology_option = click.option(
+    "--topology", "topology_src", metavar="SRC", default=None,
+    help="hwloc XML file, sysfs:<dir>, or synthetic:<hwloc description>; default: this machine.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+
+
+def emit_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=_default)
+    sys.stdout.write("\n")
+
+
+def _default(o):
+    if hasattr(o, "to_json"):
+        return o.to_json()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def console(stderr: bool = False):
+    """A rich console; plain when not a terminal or when NO_COLOR is set."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, no_color="NO_COLOR" in os.environ, highlight=False, soft_wrap=True)

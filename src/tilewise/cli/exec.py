@@ -1,0 +1,63 @@
+"""`tilewise exec`: run a command as one planned instance, bound and verified."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from tilewise import allocators, launch, plan, topology
+from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.plan import make_plan, plan_options
+from tilewise.errors import UsageError
+
+
+@click.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@topology_option
+@plan_options
+@click.option("--instance", "-i", "instance_id", type=int, default=0, show_default=True, help="Which instance of the plan.")
+@click.option("--plan", "plan_path", metavar="FILE", help="Use a plan saved by `tilewise plan --save`.")
+@click.option("--allocator", default="system", show_default=True,
+              help=f"Preload an allocator: {', '.join(allocators.names())}.")
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def exec_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed,
+             instance_id, plan_path, allocator, as_json, command):
+    """Run COMMAND bound to one instance's CPUs, memory policy and allocator; verify from /proc.
+
+    Exits with COMMAND's exit code (1 if the binding could not be verified).
+    """
+    allocators.get(allocator)
+    if plan_path:
+        try:
+            with open(plan_path) as f:
+                p = plan.Plan.from_json(json.load(f))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UsageError(f"cannot read plan {plan_path}: {e}") from None
+    else:
+        t = topology.load(topology_src)
+        p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
+    if not 0 <= instance_id < len(p.instances):
+        raise UsageError(f"instance {instance_id} does not exist: the {p.policy} plan has {len(p.instances)}",
+                         f"use --instance 0..{len(p.instances) - 1}")
+    launch.ensure_runnable(p)
+    b = launch.Binding.from_instance(p.instances[instance_id], allocator)
+    err = console(stderr=True)
+    proc = launch.spawn(list(command), b, new_session=False, stdout=sys.stderr if as_json else None)
+    try:
+        v = launch.verify(proc.pid, b)
+        if not v.ok:
+            launch.kill_tree(proc)
+            raise launch.LaunchError("binding not applied: " + "; ".join(v.problems))
+        if not as_json:
+            alloc = {True: "loaded", False: "missing", None: "not checked"}[v.allocator_loaded]
+            err.print(f"tilewise: pid {proc.pid} bound ({b.describe()}); verified: cpus {v.to_json()['cpus']}, "
+                      f"policy {v.mem_policy or 'n/a'}, allocator {alloc}", markup=False)
+        rc = proc.wait()
+    finally:
+        launch.kill_tree(proc)
+    if as_json:
+        emit_json({"policy": p.policy, "instance": p.instances[instance_id].to_json(), "binding": b.to_json(),
+                   "verification": v.to_json(), "returncode": rc})
+    sys.exit(rc if rc >= 0 else 128 - rc)

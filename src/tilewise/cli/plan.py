@@ -1,0 +1,91 @@
+"""`tilewise plan`: turn a policy into bound instances, with reasons."""
+
+from __future__ import annotations
+
+import click
+
+from tilewise import cpulist, plan, topology
+from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.errors import UsageError
+
+
+def plan_options(f):
+    """--policy/--instances/--mem/--mem-nodes/--smt and auto hints; shared by plan, exec, bench."""
+    opts = [
+        click.option("--policy", "-p", default="auto", show_default=True, metavar="POLICY",
+                     help="wim, win, wicp, wicp-mixed, wic, spread, n (with --instances), auto."),
+        click.option("--instances", "-k", type=int, default=None, help="Number of instances (policy n)."),
+        click.option("--mem", "mem", default=None, metavar="POLICY",
+                     help="Memory policy: first-touch, interleave, membind, preferred, local (default: the policy's)."),
+        click.option("--mem-nodes", default=None, metavar="LIST", help="Override the memory nodes, e.g. 0-1,4 (CXL)."),
+        click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
+        click.option("--engine-threads", type=click.Choice(["parallel", "single"]), default="parallel",
+                     show_default=True, help="auto: is the engine multi-threaded per instance?"),
+        click.option("--working-set", default=None, metavar="SIZE", help="auto: bytes the workload touches, e.g. 200MB."),
+        click.option("--skewed", is_flag=True, help="auto: the data is skewed (prefer fewer, larger instances)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def parse_size(text: str) -> int:
+    from tilewise.topology.synthetic import _parse_size
+
+    return _parse_size(text, "--working-set")
+
+
+def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="parallel", working_set=None, skewed=False):
+    if instances is not None and policy == "auto":
+        policy = "n"
+    nodes = cpulist.parse(mem_nodes, what="--mem-nodes") if mem_nodes else None
+    ws = parse_size(working_set) if working_set else None
+    hints = plan.AutoHints(engine_threads, ws, skewed)
+    return plan.plan(t, policy, instances=instances, mem=mem, smt=smt, mem_nodes=nodes, hints=hints)
+
+
+@click.command("plan")
+@topology_option
+@plan_options
+@json_option
+@click.option("--save", "save_path", metavar="FILE", help="Also write the plan as JSON (for exec --plan).")
+def plan_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, as_json, save_path):
+    """Plan a deployment: which instances, which CPUs, which memory nodes, and why."""
+    t = topology.load(topology_src)
+    p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
+    doc = p.to_json()
+    if save_path:
+        import json
+
+        try:
+            with open(save_path, "w") as f:
+                json.dump(doc, f, indent=2)
+        except OSError as e:
+            raise UsageError(f"cannot write {save_path}: {e.strerror}") from None
+    if as_json:
+        emit_json(doc)
+        return
+    print_plan(p, t)
+
+
+def print_plan(p, t) -> None:
+    from rich.table import Table
+
+    out = console()
+    title = f"policy {p.policy}" + (f" (auto)" if p.requested == "auto" else "")
+    out.print(f"[bold]{title}[/bold]: {len(p.instances)} instance(s) on {t.summary()}")
+    for r in p.reasons:
+        out.print(f"  because {r}", markup=False)
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("instance", "cores", "cpus", "NUMA", "L3", "memory"):
+        table.add_column(col, overflow="fold")
+    shown = p.instances if len(p.instances) <= 64 else p.instances[:64]
+    for i in shown:
+        mem = i.mem_policy + (f" {cpulist.format(i.mem_nodes)}" if i.mem_policy not in ("first-touch", "local") else "")
+        table.add_row(str(i.id), str(i.cores), cpulist.format(i.cpus), cpulist.format(i.numa_nodes),
+                      cpulist.format(i.l3_domains), mem)
+    out.print(table)
+    if len(p.instances) > len(shown):
+        out.print(f"... {len(p.instances) - len(shown)} more instances (use --json for all)")
+    for n in p.notes:
+        out.print(f"note: {n}", markup=False)

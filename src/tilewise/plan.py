@@ -1,0 +1,337 @@
+"""Deployment planner: a policy over a topology -> bound instances. Pure functions only.
+
+Policies keep the studies' names (papers 000 and 001):
+  wim         one instance with every core; first-touch memory
+  win         one instance per NUMA node with CPUs; membind to that node
+  wicp        one instance per L3 domain (chiplet); membind to the node holding it  ("WICP_Local")
+  wicp-mixed  as many instances as L3 domains, same core count each, cores spread evenly over the
+              L3 domains of a node (uses all L3 capacity, pays cross-chiplet traffic); interleave
+  wic         one instance per physical core (+ its SMT siblings with --smt); local memory
+  spread      as win (same count, same size) but each instance's cores spread over the nodes (SPMWIN)
+  n           --instances K: K instances of ceil(C/K) cores, packed inside one L3, then one node
+  auto        chosen by the documented rules below; every decision carries its reasons
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from tilewise import cpulist
+from tilewise.errors import UsageError
+from tilewise.topology.model import Core, Topology
+
+POLICIES = ("wim", "win", "wicp", "wicp-mixed", "wic", "spread", "n", "auto")
+MEM_POLICIES = ("first-touch", "interleave", "membind", "preferred", "local")
+DEFAULT_MEM = {"wim": "first-touch", "win": "membind", "wicp": "membind", "wicp-mixed": "interleave",
+               "wic": "local", "spread": "local", "n": "membind"}
+# auto: a measured cross-L3 / within-L3 latency ratio above this means "chiplet machine"
+CHIPLET_LATENCY_RATIO = 1.5
+# auto: working set "far above" total L3 when it exceeds this multiple
+FAR_ABOVE_L3 = 4.0
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: int
+    cpus: tuple[int, ...]
+    mem_nodes: tuple[int, ...]
+    mem_policy: str
+    numa_nodes: tuple[int, ...]  # nodes holding this instance's CPUs
+    l3_domains: tuple[int, ...]
+    cores: int
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for k in ("cpus", "mem_nodes", "numa_nodes", "l3_domains"):
+            d[k] = list(d[k])
+        d["cpulist"] = cpulist.format(self.cpus)
+        return d
+
+
+@dataclass(frozen=True)
+class Plan:
+    policy: str  # the concrete policy (auto resolves to one of the others)
+    requested: str
+    instances: tuple[Instance, ...]
+    reasons: tuple[str, ...]
+    smt: bool
+    topology_fingerprint: str
+    topology_source: str
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict:
+        return {
+            "policy": self.policy,
+            "requested": self.requested,
+            "smt": self.smt,
+            "topology": {"source": self.topology_source, "fingerprint": self.topology_fingerprint},
+            "instances": [i.to_json() for i in self.instances],
+            "reasons": list(self.reasons),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Plan:
+        try:
+            inst = tuple(
+                Instance(i["id"], tuple(i["cpus"]), tuple(i["mem_nodes"]), i["mem_policy"],
+                         tuple(i.get("numa_nodes", ())), tuple(i.get("l3_domains", ())), i.get("cores", len(i["cpus"])))
+                for i in d["instances"]
+            )
+            return cls(d["policy"], d.get("requested", d["policy"]), inst, tuple(d.get("reasons", ())),
+                       bool(d.get("smt", False)), d["topology"]["fingerprint"], d["topology"]["source"],
+                       tuple(d.get("notes", ())))
+        except (KeyError, TypeError) as e:
+            raise UsageError(f"malformed plan document (missing {e})", "write it with `tilewise plan --json`") from None
+
+
+@dataclass(frozen=True)
+class AutoHints:
+    """What auto may know about the workload (all optional)."""
+
+    engine_threads: str = "parallel"  # parallel | single
+    working_set_bytes: int | None = None
+    skewed: bool = False
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def _units(t: Topology, cores, smt: bool) -> list[tuple[Core, tuple[int, ...]]]:
+    out = []
+    for c in cores:
+        cpus = t.core_cpus(c, smt)
+        if cpus:
+            out.append((c, cpus))
+    return out
+
+
+def _instance(t: Topology, iid: int, units, mem_policy: str, mem_nodes_override=None) -> Instance:
+    cpus = tuple(sorted(p for _, cs in units for p in cs))
+    nodes = tuple(sorted({c.numa_node for c, _ in units}))
+    l3s = tuple(sorted({c.l3 for c, _ in units}))
+    if mem_nodes_override is not None:
+        mem_nodes = tuple(mem_nodes_override)
+    elif mem_policy == "preferred":
+        mem_nodes = (nodes[0],)
+    else:
+        mem_nodes = nodes
+    return Instance(iid, cpus, mem_nodes, mem_policy, nodes, l3s, len(units))
+
+
+def _group(units, key) -> list[list]:
+    groups: dict = defaultdict(list)
+    for u in units:
+        groups[key(u[0])].append(u)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _check_mem(t: Topology, mem: str | None, mem_nodes) -> None:
+    if mem is not None and mem not in MEM_POLICIES:
+        raise UsageError(f"unknown memory policy {mem!r}", f"choose one of {', '.join(MEM_POLICIES)}")
+    if mem_nodes is not None:
+        known = {n.id for n in t.numa_nodes}
+        bad = [n for n in mem_nodes if n not in known]
+        if bad:
+            raise UsageError(f"memory node(s) {cpulist.format(bad)} do not exist in this topology",
+                             f"nodes are {cpulist.format(known)}")
+
+
+# ---- policies -------------------------------------------------------------------------------
+
+def _split(t: Topology, policy: str, units, k: int | None) -> tuple[list[list], list[str]]:
+    """Partition usable cores into instances for a concrete policy; returns (groups, notes)."""
+    notes: list[str] = []
+    if policy == "wim":
+        return [units], notes
+    if policy == "win":
+        return _group(units, lambda c: c.numa_node), notes
+    if policy == "wicp":
+        return _group(units, lambda c: c.l3), notes
+    if policy == "wic":
+        return [[u] for u in units], notes
+    if policy == "wicp-mixed":
+        # Per node: as many instances as L3s there, each taking cores round-robin from the L3s
+        # (instance i takes the j-th core of L3 (i + j) mod m): every L3 feeds every instance.
+        groups: list[list] = []
+        for node_units in _group(units, lambda c: c.numa_node):
+            l3s = _group(node_units, lambda c: c.l3)
+            m = len(l3s)
+            size = max(len(g) for g in l3s)
+            inst: list[list] = [[] for _ in range(m)]
+            for i in range(m):
+                for j in range(size):
+                    col = l3s[(i + j) % m]
+                    if j < len(col):
+                        inst[i].append(col[j])
+            groups.extend(g for g in inst if g)
+        if all(len(_group(g, lambda c: c.l3)) == 1 for g in groups):
+            notes.append("each NUMA node has a single L3 domain: wicp-mixed is the same as wicp here")
+        return groups, notes
+    if policy == "spread":
+        by_node = _group(units, lambda c: c.numa_node)
+        if len(by_node) < 2:
+            raise UsageError("spread needs at least 2 NUMA nodes with CPUs; this topology has 1",
+                             "use win or wim on this machine")
+        count = len(by_node)
+        size = max(len(g) for g in by_node)
+        order = [g[j] for j in range(size) for g in by_node if j < len(g)]  # node-interleaved
+        groups = [order[i * size:(i + 1) * size] for i in range(count)]
+        return [g for g in groups if g], notes
+    if policy == "n":
+        if k is None or k < 1:
+            raise UsageError("policy n needs --instances K with K >= 1")
+        if k > len(units):
+            raise UsageError(f"{k} instances asked for but only {len(units)} cores are usable",
+                             f"use --instances {len(units)} or fewer, or --smt")
+        size = math.ceil(len(units) / k)
+        groups = [units[i:i + size] for i in range(0, len(units), size)]
+        while len(groups) < k:  # ceil sizing can leave fewer groups: split the largest
+            big = max(range(len(groups)), key=lambda i: len(groups[i]))
+            g = groups.pop(big)
+            half = len(g) // 2
+            groups[big:big] = [g[:half], g[half:]]
+        for g in groups:
+            if len({c.numa_node for c, _ in g}) > 1:
+                notes.append(f"an instance of {len(g)} cores spans several NUMA nodes")
+                break
+        return groups, notes
+    raise UsageError(f"unknown policy {policy!r}", f"choose one of {', '.join(POLICIES)}")
+
+
+def plan(
+    t: Topology,
+    policy: str,
+    *,
+    instances: int | None = None,
+    mem: str | None = None,
+    smt: bool = False,
+    mem_nodes: tuple[int, ...] | None = None,
+    hints: AutoHints | None = None,
+) -> Plan:
+    policy = (policy or "").lower().replace("_", "-")
+    if policy in ("wicp-local", "wicplocal"):
+        policy = "wicp"
+    if policy in ("spmwin",):
+        policy = "spread"
+    if policy not in POLICIES:
+        raise UsageError(f"unknown policy {policy!r}", f"choose one of {', '.join(p for p in POLICIES)}")
+    if instances is not None and policy not in ("n", "auto"):
+        raise UsageError(f"--instances applies to policy n (or auto), not {policy}",
+                         f"drop --instances, or use --policy n --instances {instances}")
+    _check_mem(t, mem, mem_nodes)
+    requested = policy
+    reasons: list[str] = []
+    if policy == "auto":
+        policy, reasons = choose(t, hints or AutoHints(), instances=instances)
+    units = _units(t, t.usable_cores(), smt)
+    if not units:
+        raise UsageError("no usable cores in this topology")
+    groups, notes = _split(t, policy, units, instances)
+    mem_policy = mem or DEFAULT_MEM[policy]
+    if mem_policy == "first-touch" and policy != "wim" and mem is None:
+        mem_policy = "membind"
+    insts = tuple(_instance(t, i, g, mem_policy, mem_nodes) for i, g in enumerate(groups))
+    if policy == "wim" and mem_policy == "interleave" and mem_nodes is None:
+        # WIM+interleave spreads pages over every node that holds CPUs
+        insts = tuple(_instance(t, i.id, g, mem_policy, tuple(n.id for n in t.cpu_nodes)) for i, g in zip(insts, groups))
+    if not smt and t.smt > 1:
+        notes.append(f"SMT{t.smt}: physical cores only (one hardware thread each); pass --smt to use siblings")
+    if t.allowed_cpus is not None:
+        notes.append(f"planned on the {len(t.allowed_cpus)} allowed CPUs only ({cpulist.format(t.allowed_cpus)})")
+    return Plan(policy, requested, insts, tuple(reasons), smt, t.fingerprint(), t.source, tuple(notes))
+
+
+# ---- auto ---------------------------------------------------------------------------------------
+
+def measured_chiplet_ratio(t: Topology) -> float | None:
+    """Mean cross-L3 latency / mean within-L3 latency from a measured matrix, if there is one."""
+    m = t.measurements.get("latency_ns")
+    if not m:
+        return None
+    cpus = m["cpus"]
+    l3_of = {p: t.core_of_cpu[p].l3 for p in cpus if p in t.core_of_cpu}
+    core_of = {p: t.core_of_cpu[p].id for p in cpus if p in t.core_of_cpu}
+    within, across = [], []
+    for i, a in enumerate(cpus):
+        for j, b in enumerate(cpus):
+            if i == j or a not in l3_of or b not in l3_of or core_of[a] == core_of[b]:
+                continue
+            v = m["values"][i][j]
+            if v and v > 0:
+                (within if l3_of[a] == l3_of[b] else across).append(v)
+    if not within or not across:
+        return None
+    return (sum(across) / len(across)) / (sum(within) / len(within))
+
+
+def choose(t: Topology, hints: AutoHints, *, instances: int | None = None) -> tuple[str, list[str]]:
+    """The studies' rules, in order; returns (policy, reasons). Override by naming a policy."""
+    reasons: list[str] = []
+    cores = t.usable_cores()
+    nodes = {c.numa_node for c in cores}
+    l3s = {c.l3 for c in cores}
+    if instances is not None:
+        reasons.append(f"--instances {instances} given: {instances} instances packed by L3 then node")
+        return "n", reasons
+    if hints.engine_threads == "single":
+        reasons.append("single-threaded engine: one instance per physical core (WIC) uses every core")
+        return "wic", reasons
+    if len(cores) == 1:
+        reasons.append("only one usable core: a single instance (WIM)")
+        return "wim", reasons
+
+    ratio = measured_chiplet_ratio(t)
+    several_l3 = len(l3s) > len(nodes)
+    if ratio is not None:
+        chiplet = several_l3 and ratio >= CHIPLET_LATENCY_RATIO
+        reasons.append(
+            f"measured core-to-core latency: across L3 domains {ratio:.2f}x within one "
+            f"({'above' if ratio >= CHIPLET_LATENCY_RATIO else 'below'} the {CHIPLET_LATENCY_RATIO}x chiplet threshold)"
+        )
+    else:
+        chiplet = several_l3
+        if several_l3:
+            reasons.append(
+                f"{len(l3s)} L3 domains over {len(nodes)} NUMA node(s): a chiplet design, where "
+                "cross-L3 core-to-core latency is non-uniform (not measured; run `tilewise topo --measure` to confirm)"
+            )
+
+    if hints.skewed:
+        reasons.append("skewed data reduces the gain of many small instances: prefer fewer, larger ones")
+        if len(nodes) > 1:
+            reasons.append(f"{len(nodes)} NUMA nodes: one instance per node (WIN)")
+            return "win", reasons
+        reasons.append("one NUMA node: a single instance (WIM)")
+        return "wim", reasons
+
+    if chiplet:
+        one_l3 = max((d.size_bytes for d in t.l3_domains), default=0)
+        total = t.total_l3_bytes
+        ws = hints.working_set_bytes
+        if ws is not None and one_l3 and total:
+            if ws <= one_l3:
+                reasons.append(f"working set {ws} B fits one L3 ({one_l3} B): one instance per chiplet, local (WICP)")
+                return "wicp", reasons
+            if ws <= total:
+                reasons.append(
+                    f"working set {ws} B is above one L3 ({one_l3} B) but within the total L3 ({total} B): "
+                    "spread each instance over the chiplets (WICP_MIXED)"
+                )
+                return "wicp-mixed", reasons
+            reasons.append(
+                f"working set {ws} B is {'far ' if ws > FAR_ABOVE_L3 * total else ''}above the total L3 ({total} B): "
+                "local and mixed perform alike; one instance per chiplet, local (WICP)"
+            )
+            return "wicp", reasons
+        reasons.append("parallel engine on a chiplet machine: one instance per chiplet (WICP), the studies' best (up to 7x over WIM)")
+        return "wicp", reasons
+    if len(nodes) > 1:
+        reasons.append(f"parallel engine, {len(nodes)} NUMA nodes, one L3 per node: one instance per node (WIN) with membind")
+        return "win", reasons
+    if len(l3s) == 1:
+        reasons.append("one NUMA node and one L3 domain: nothing to split, a single instance (WIM)")
+    else:
+        reasons.append("one NUMA node, L3 domains with uniform latency: a single instance (WIM)")
+    return "wim", reasons

@@ -1,0 +1,141 @@
+"""Assemble a Topology from the flat facts every source yields (one PU per row).
+
+Sysfs, hwloc XML and synthetic descriptions all reduce to: for each PU, its package, core, NUMA
+node and L3; for each NUMA node, its memory; and the node distance matrix. Grouping, ordering,
+logical numbering and the per-node split of L3 caches happen here once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from tilewise.errors import UsageError
+from tilewise.topology.model import Core, L3Domain, NumaNode, Package, Topology
+
+
+@dataclass(frozen=True)
+class RawPU:
+    cpu: int
+    package: int
+    core_key: Hashable  # unique per physical core across the machine
+    core_os_index: int
+    node: int
+    l3_key: Hashable | None  # unique per L3 cache; None when unknown
+
+
+@dataclass(frozen=True)
+class RawNode:
+    id: int
+    memory_bytes: int
+    cpus: tuple[int, ...] = ()  # filled from the PUs when empty
+    package: int | None = None
+    kind: str | None = None
+
+
+def default_distances(n: int) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(10 if i == j else 20 for j in range(n)) for i in range(n))
+
+
+def build(
+    pus: Sequence[RawPU],
+    nodes: Sequence[RawNode],
+    *,
+    distances: Sequence[Sequence[int]] | None,
+    l3_sizes: dict[Hashable, int] | None = None,
+    source: str,
+    allowed_cpus: Sequence[int] | None = None,
+    measurements: dict | None = None,
+) -> Topology:
+    if not pus:
+        raise UsageError(f"topology from {source} has no PUs", "check the file or description")
+    l3_sizes = l3_sizes or {}
+    node_ids = sorted({n.id for n in nodes} | {p.node for p in pus})
+    raw_nodes = {n.id: n for n in nodes}
+
+    # Cores: group PUs by core key; order by the core's lowest PU.
+    core_pus: dict[Hashable, list[RawPU]] = defaultdict(list)
+    for p in pus:
+        core_pus[p.core_key].append(p)
+    for key, members in core_pus.items():
+        if len({(m.node, m.package) for m in members}) != 1:
+            raise UsageError(f"topology from {source}: core {key} spans several NUMA nodes or packages")
+
+    l3_known = any(p.l3_key is not None for p in pus)
+
+    def l3_group(p: RawPU) -> Hashable:
+        # Split an L3 by NUMA node (SNC); without L3 facts, one domain per node.
+        return (p.l3_key if l3_known else "node", p.node)
+
+    # Topology order: package, node, L3 (by its lowest cpu), core (by its lowest cpu).
+    l3_first: dict[Hashable, int] = {}
+    for p in pus:
+        g = l3_group(p)
+        l3_first[g] = min(l3_first.get(g, p.cpu), p.cpu)
+
+    def core_sort_key(members: list[RawPU]) -> tuple:
+        m = members[0]
+        return (m.package, m.node, l3_first[l3_group(m)], min(x.cpu for x in members))
+
+    ordered = sorted(core_pus.values(), key=core_sort_key)
+    l3_index: dict[Hashable, int] = {}
+    l3_cpus: dict[int, list[int]] = defaultdict(list)
+    l3_meta: dict[int, tuple[int, int, int]] = {}
+    cores: list[Core] = []
+    for members in ordered:
+        m = members[0]
+        g = l3_group(m)
+        if g not in l3_index:
+            l3_index[g] = len(l3_index)
+            size = l3_sizes.get(m.l3_key, 0) if l3_known else 0
+            l3_meta[l3_index[g]] = (m.node, m.package, size)
+        lid = l3_index[g]
+        cpus = tuple(sorted(x.cpu for x in members))
+        l3_cpus[lid].extend(cpus)
+        cores.append(Core(len(cores), m.core_os_index, m.package, m.node, lid, cpus))
+
+    l3_domains = tuple(
+        L3Domain(lid, tuple(sorted(l3_cpus[lid])), *l3_meta[lid]) for lid in range(len(l3_index))
+    )
+
+    node_cpu: dict[int, list[int]] = defaultdict(list)
+    node_pkg: dict[int, int] = {}
+    pkg_cpu: dict[int, list[int]] = defaultdict(list)
+    for p in pus:
+        node_cpu[p.node].append(p.cpu)
+        node_pkg.setdefault(p.node, p.package)
+        pkg_cpu[p.package].append(p.cpu)
+    numa_nodes = []
+    for nid in node_ids:
+        rn = raw_nodes.get(nid, RawNode(nid, 0))
+        cpus = tuple(sorted(node_cpu.get(nid, ())))
+        kind = rn.kind or ("dram" if cpus else "memory")
+        pkg = node_pkg.get(nid, rn.package)
+        numa_nodes.append(NumaNode(nid, cpus, rn.memory_bytes, pkg, kind))
+    packages = tuple(Package(pid, tuple(sorted(c))) for pid, c in sorted(pkg_cpu.items()))
+
+    if distances is None or not len(distances):
+        dist = default_distances(len(numa_nodes))
+    else:
+        dist = tuple(tuple(int(v) for v in row) for row in distances)
+
+    allowed = None
+    if allowed_cpus is not None:
+        all_cpus = {p.cpu for p in pus}
+        allowed_set = set(allowed_cpus) & all_cpus
+        if not allowed_set:
+            raise UsageError(f"topology from {source}: no allowed CPU among its PUs")
+        allowed = None if allowed_set == all_cpus else tuple(sorted(allowed_set))
+
+    return Topology(
+        packages=packages,
+        numa_nodes=tuple(numa_nodes),
+        l3_domains=l3_domains,
+        cores=tuple(cores),
+        distances=dist,
+        source=source,
+        allowed_cpus=allowed,
+        l3_known=l3_known,
+        measurements=dict(measurements or {}),
+    )

@@ -1,0 +1,267 @@
+"""hwloc XML (``lstopo --of xml``), the interchange format: import (hwloc 2.x, and 1.x trees) and export.
+
+Export writes hwloc 2.x XML that ``lstopo --input FILE`` accepts: Machine > Package > (Group per
+NUMA node when a package holds several) > L3Cache > Core > PU, NUMA nodes as memory children,
+CPU-less memory nodes attached to the Machine, the SLIT as a ``distances2`` matrix, and measured
+CPU-pair matrices (latency, bandwidth) as extra named ``distances2`` matrices over PUs.
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+
+from tilewise import cpulist
+from tilewise.errors import UsageError
+from tilewise.topology.build import RawNode, RawPU, build
+from tilewise.topology.model import Topology
+
+# hwloc_distances_kind_e bits
+KIND_FROM_OS, KIND_FROM_USER, KIND_LATENCY, KIND_BANDWIDTH = 1, 2, 4, 8
+CPULESS_SUBTYPES = {"CXL-DRAM", "CXL-NVM", "NVM", "HBM", "MCDRAM", "SPM", "GPUMemory", "DAX"}
+SUBTYPE_OF_KIND = {"cxl": "CXL-DRAM", "hbm": "HBM", "pmem": "NVM"}
+KIND_OF_SUBTYPE = {"CXL-DRAM": "cxl", "CXL-NVM": "cxl", "HBM": "hbm", "MCDRAM": "hbm", "NVM": "pmem"}
+MEASURE_PREFIX = "tilewise:"
+MEASURE_SCALE = 1000  # distances2 holds integers: measured values are stored in thousandths
+
+
+def _infos(obj: ET.Element) -> dict[str, str]:
+    return {i.get("name", ""): i.get("value", "") for i in obj.findall("info")}
+
+
+def _type(obj: ET.Element) -> str:
+    t = obj.get("type", "")
+    if t == "Socket":
+        return "Package"
+    if t == "Cache":  # hwloc 1.x
+        return f"L{obj.get('depth', '0')}Cache"
+    return t
+
+
+def _is_cpuless(node: ET.Element) -> bool:
+    infos = _infos(node)
+    if infos.get("tilewise:cpuless") == "1":
+        return True
+    return node.get("subtype", infos.get("subtype", "")) in CPULESS_SUBTYPES
+
+
+def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
+    source = str(path)
+    try:
+        root = ET.fromstring(text) if text is not None else ET.parse(path).getroot()
+    except FileNotFoundError:
+        raise UsageError(f"topology file {path} does not exist") from None
+    except (ET.ParseError, OSError) as e:
+        raise UsageError(f"{path} is not valid hwloc XML: {e}", "produce it with `lstopo --of xml FILE`") from None
+    if root.tag != "topology":
+        raise UsageError(f"{path} is not hwloc XML (root element <{root.tag}>)", "produce it with `lstopo --of xml FILE`")
+    machine = root.find("object")
+    if machine is None:
+        raise UsageError(f"{path} holds no objects", "produce it with `lstopo --of xml FILE`")
+
+    pus: list[RawPU] = []
+    nodes: dict[int, RawNode] = {}
+    l3_sizes: dict = {}
+    gp_to_os: dict[str, int] = {}
+    cpuless_nodes: set[int] = set()
+
+    def add_node(obj: ET.Element, cpuless: bool, package: int | None) -> int:
+        try:
+            nid = int(obj.get("os_index", len(nodes)))
+        except ValueError:
+            raise UsageError(f"{path}: NUMANode with bad os_index") from None
+        mem = int(obj.get("local_memory", "0") or 0)
+        kind = KIND_OF_SUBTYPE.get(obj.get("subtype", _infos(obj).get("subtype", "")))
+        if cpuless:
+            cpuless_nodes.add(nid)
+            kind = kind or "memory"
+        nodes[nid] = RawNode(nid, mem, (), package, kind)
+        if obj.get("gp_index"):
+            gp_to_os[obj.get("gp_index")] = nid
+        return nid
+
+    def walk(obj: ET.Element, ctx: dict, depth: int) -> None:
+        typ = _type(obj)
+        ctx = dict(ctx)
+        children = [c for c in obj if c.tag == "object"]
+        if typ == "Package":
+            ctx["package"] = int(obj.get("os_index", ctx.get("package_seq", 0)))
+        # hwloc 2.x: NUMA nodes are memory children (possibly under MemCache objects).
+        mem_children = []
+        stack = list(children)
+        while stack:
+            c = stack.pop(0)
+            if _type(c) == "NUMANode" and not any(_type(g) not in ("NUMANode",) for g in c if g.tag == "object"):
+                mem_children.append(c)
+            elif _type(c) == "MemCache":
+                stack.extend(g for g in c if g.tag == "object")
+        if mem_children:
+            has_cpu_children = any(_type(c) not in ("NUMANode", "MemCache", "Bridge", "PCIDev", "OSDev", "Misc") for c in children)
+            # Memory attached to the Machine while packages hold their own nodes is CPU-less (CXL).
+            cpu_node_taken = not has_cpu_children or (typ == "Machine" and _packages_have_memory(obj))
+            for m in sorted(mem_children, key=lambda m: int(m.get("os_index", 0))):
+                cpuless = cpu_node_taken or _is_cpuless(m)
+                nid = add_node(m, cpuless, ctx.get("package"))
+                if not cpuless:
+                    ctx["node"] = nid
+                    cpu_node_taken = True
+        if typ == "NUMANode" and obj not in mem_children and any(_type(c) != "NUMANode" for c in children):
+            ctx["node"] = add_node(obj, False, ctx.get("package"))  # hwloc 1.x NUMANode level
+        if typ == "L3Cache" and obj.get("cache_type", "0") in ("0", "1"):
+            key = ("l3", id(obj))
+            ctx["l3"] = key
+            l3_sizes[key] = int(obj.get("cache_size", "0") or 0)
+        if typ == "Core":
+            ctx["core"] = ("core", id(obj))
+            ctx["core_os"] = int(obj.get("os_index", "0") or 0)
+        if typ == "PU":
+            cpu = int(obj.get("os_index", "-1"))
+            if cpu < 0:
+                raise UsageError(f"{path}: PU without os_index")
+            if "node" not in ctx:
+                raise UsageError(f"{path}: PU P#{cpu} has no NUMA node above it", "is this hwloc 2.x XML?")
+            core = ctx.get("core", ("pu", cpu))
+            pus.append(RawPU(cpu, ctx.get("package", 0), core, ctx.get("core_os", cpu), ctx["node"], ctx.get("l3")))
+            return
+        for c in children:
+            if c in mem_children:
+                continue
+            walk(c, ctx, depth + 1)
+
+    walk(machine, {}, 0)
+    if not pus:
+        raise UsageError(f"{path} describes no PUs", "produce it with `lstopo --of xml FILE`")
+
+    allowed = None
+    if machine.get("allowed_cpuset"):
+        allowed = cpulist.parse_mask(machine.get("allowed_cpuset"), what=f"{path} allowed_cpuset")
+
+    node_ids = sorted(nodes)
+    distances = None
+    measurements: dict = {}
+    for d in root.iter("distances2"):
+        indexes = [x for x in (d.findtext("indexes") or "").split()]
+        values = [int(v) for v in " ".join(e.text or "" for e in d.findall("u64values")).split()]
+        n = int(d.get("nbobjs", "0"))
+        if len(indexes) != n or len(values) != n * n:
+            raise UsageError(f"{path}: malformed distances2 matrix ({len(indexes)} indexes, {len(values)} values for {n} objects)")
+        rows = [values[i * n:(i + 1) * n] for i in range(n)]
+        name = d.get("name", "")
+        if d.get("type") == "NUMANode" and not name.startswith(MEASURE_PREFIX):
+            ids = [gp_to_os[i] if d.get("indexing") == "gp" else int(i) for i in indexes]
+            if sorted(ids) == node_ids:
+                pos = {nid: k for k, nid in enumerate(ids)}
+                distances = [[rows[pos[a]][pos[b]] for b in node_ids] for a in node_ids]
+        elif name.startswith(MEASURE_PREFIX) and d.get("type") == "PU":
+            key = name[len(MEASURE_PREFIX):]
+            measurements[key] = {
+                "cpus": [int(i) for i in indexes],
+                "values": [[v / MEASURE_SCALE for v in r] for r in rows],
+            }
+    return build(
+        pus, list(nodes.values()), distances=distances, l3_sizes=l3_sizes, source=source,
+        allowed_cpus=allowed, measurements=measurements,
+    )
+
+
+def _packages_have_memory(machine: ET.Element) -> bool:
+    for pkg in machine.iter("object"):
+        if _type(pkg) == "Package":
+            if any(_type(o) == "NUMANode" for o in pkg.iter("object")):
+                return True
+    return False
+
+
+# ---- export ---------------------------------------------------------------------------------
+
+def dumps(t: Topology) -> str:
+    gp = iter(range(1, 1 << 30))
+    all_cpus = t.pus
+    all_nodes = [n.id for n in t.numa_nodes]
+
+    def obj(parent: ET.Element | None, typ: str, cpus, nodeset, **attrs) -> ET.Element:
+        a = {"type": typ}
+        a.update({k: str(v) for k, v in attrs.items() if v is not None})
+        a["cpuset"] = a["complete_cpuset"] = cpulist.format_mask(cpus)
+        a["nodeset"] = a["complete_nodeset"] = cpulist.format_mask(nodeset)
+        a["gp_index"] = str(next(gp))
+        return ET.Element("object", a) if parent is None else ET.SubElement(parent, "object", a)
+
+    root = ET.Element("topology", {"version": "2.0"})
+    machine = obj(None, "Machine", all_cpus, all_nodes, os_index=0)
+    machine.set("allowed_cpuset", cpulist.format_mask(t.allowed_cpus if t.allowed_cpus is not None else all_cpus))
+    machine.set("allowed_nodeset", cpulist.format_mask(all_nodes))
+    root.append(machine)
+    ET.SubElement(machine, "info", {"name": "Backend", "value": "tilewise"})
+    ET.SubElement(machine, "info", {"name": "tilewise:source", "value": t.source})
+
+    def mem_child(parent: ET.Element, node, cpus) -> None:
+        sub = SUBTYPE_OF_KIND.get(node.kind)
+        m = obj(parent, "NUMANode", cpus, [node.id], os_index=node.id, subtype=sub, local_memory=node.memory_bytes or None)
+        if node.cpuless:
+            ET.SubElement(m, "info", {"name": "tilewise:cpuless", "value": "1"})
+            ET.SubElement(m, "info", {"name": "tilewise:kind", "value": node.kind})
+
+    by_pkg_node: dict[int, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    for d in t.l3_domains:
+        by_pkg_node[d.package][d.numa_node].append(d)
+    cores_by_l3: dict[int, list] = defaultdict(list)
+    for c in t.cores:
+        cores_by_l3[c.l3].append(c)
+
+    for cpuless in [n for n in t.numa_nodes if n.cpuless]:
+        mem_child(machine, cpuless, all_cpus)
+    for pkg in t.packages:
+        pnodes = sorted(by_pkg_node[pkg.id])
+        pe = obj(machine, "Package", pkg.cpus, pnodes, os_index=pkg.id)
+        for nid in pnodes:
+            node = t.node_by_id[nid]
+            parent = pe
+            if len(pnodes) > 1:
+                parent = obj(pe, "Group", node.cpus, [nid], kind=1001, subkind=0)
+            mem_child(parent, node, node.cpus)
+            for d in by_pkg_node[pkg.id][nid]:
+                if t.l3_known:
+                    le = obj(parent, "L3Cache", d.cpus, [nid], cache_size=d.size_bytes, depth=3,
+                             cache_linesize=64, cache_associativity=0, cache_type=0)
+                else:
+                    le = parent
+                for c in cores_by_l3[d.id]:
+                    ce = obj(le, "Core", c.pus, [nid], os_index=c.os_index)
+                    for p in c.pus:
+                        obj(ce, "PU", [p], [nid], os_index=p)
+
+    def matrix(name: str | None, typ: str, kind: int, ids, rows) -> None:
+        n = len(ids)
+        attrs = {"type": typ, "nbobjs": str(n), "kind": str(kind), "indexing": "os"}
+        if name:
+            attrs["name"] = name
+        de = ET.SubElement(root, "distances2", attrs)
+        # hwloc's "length" is the length of the element's text, not a count
+        text = " ".join(str(i) for i in ids) + " "
+        ET.SubElement(de, "indexes", {"length": str(len(text))}).text = text
+        flat = [int(v) for r in rows for v in r]
+        for off in range(0, len(flat), 256):  # hwloc writes values in chunks
+            chunk = flat[off:off + 256]
+            text = " ".join(str(v) for v in chunk) + " "
+            ET.SubElement(de, "u64values", {"length": str(len(text))}).text = text
+
+    matrix(None, "NUMANode", KIND_FROM_OS | KIND_LATENCY, all_nodes, t.distances)
+    for key, m in sorted(t.measurements.items()):
+        kind = KIND_FROM_USER | (KIND_BANDWIDTH if "bandwidth" in key else KIND_LATENCY)
+        rows = [[round(max(v, 0) * MEASURE_SCALE) for v in r] for r in m["values"]]
+        matrix(MEASURE_PREFIX + key, "PU", kind, m["cpus"], rows)
+
+    ET.indent(root, space="  ")
+    body = ET.tostring(root, encoding="unicode")
+    return '<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE topology SYSTEM "hwloc2.dtd">\n' + body + "\n"
+
+
+def save(t: Topology, path: str | os.PathLike) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(dumps(t))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,169 @@
+"""One set of types for every topology source (sysfs, hwloc XML, synthetic).
+
+Vocabulary follows hwloc: Package > NUMANode > L3Cache ("chiplet": CCX/CCD, tile, SNC, cluster)
+> Core > PU. CPU numbers are OS (physical) indexes everywhere; logical indexes are positions in the
+sorted tuples below and are printed as L#n next to P#n.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from tilewise import cpulist
+from tilewise.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Package:
+    id: int  # OS index (physical_package_id)
+    cpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int  # OS index
+    cpus: tuple[int, ...]  # empty for CPU-less memory nodes (CXL, HBM, PMem)
+    memory_bytes: int  # 0 when unknown
+    package: int | None = None
+    kind: str = "dram"  # dram | cxl | hbm | pmem | memory (CPU-less, unknown technology)
+
+    @property
+    def cpuless(self) -> bool:
+        return not self.cpus
+
+
+@dataclass(frozen=True)
+class L3Domain:
+    """CPUs sharing one last-level cache, inside one NUMA node: the planning unit "chiplet".
+
+    Where one L3 spans several NUMA nodes (Intel sub-NUMA clustering), it is split per node:
+    in SNC mode each cluster caches its own node's memory in its own slices.
+    """
+
+    id: int  # logical index, 0..n-1 in topology order
+    cpus: tuple[int, ...]
+    numa_node: int
+    package: int
+    size_bytes: int  # 0 when unknown
+
+
+@dataclass(frozen=True)
+class Core:
+    id: int  # logical index, 0..n-1 in topology order
+    os_index: int  # core_id as the OS reports it (unique only within a package)
+    package: int
+    numa_node: int
+    l3: int  # L3Domain.id
+    pus: tuple[int, ...]  # OS cpu numbers, first is the primary hardware thread
+
+    @property
+    def primary(self) -> int:
+        return self.pus[0]
+
+
+@dataclass
+class Topology:
+    packages: tuple[Package, ...]
+    numa_nodes: tuple[NumaNode, ...]
+    l3_domains: tuple[L3Domain, ...]
+    cores: tuple[Core, ...]
+    distances: tuple[tuple[int, ...], ...]  # SLIT, rows/cols in numa_nodes order
+    source: str = "unknown"
+    allowed_cpus: tuple[int, ...] | None = None  # None: all CPUs allowed
+    l3_known: bool = True  # False when no L3 information existed (one domain per node then)
+    # Measured matrices keyed by name ("latency_ns", "bandwidth_gbs"): {"cpus": [...], "values": [[...]]}
+    measurements: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    # ---- derived views -------------------------------------------------------------------
+    @cached_property
+    def pus(self) -> tuple[int, ...]:
+        return tuple(sorted(p for c in self.cores for p in c.pus))
+
+    @cached_property
+    def core_of_cpu(self) -> dict[int, Core]:
+        return {p: c for c in self.cores for p in c.pus}
+
+    @cached_property
+    def node_by_id(self) -> dict[int, NumaNode]:
+        return {n.id: n for n in self.numa_nodes}
+
+    @property
+    def cpu_nodes(self) -> tuple[NumaNode, ...]:
+        return tuple(n for n in self.numa_nodes if n.cpus)
+
+    @property
+    def smt(self) -> int:
+        return max((len(c.pus) for c in self.cores), default=1)
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(n.memory_bytes for n in self.numa_nodes)
+
+    @property
+    def total_l3_bytes(self) -> int:
+        return sum(d.size_bytes for d in self.l3_domains)
+
+    def usable_cores(self) -> tuple[Core, ...]:
+        """Cores with at least one allowed PU (plan only on allowed CPUs)."""
+        if self.allowed_cpus is None:
+            return self.cores
+        allowed = set(self.allowed_cpus)
+        return tuple(c for c in self.cores if any(p in allowed for p in c.pus))
+
+    def core_cpus(self, core: Core, smt: bool) -> tuple[int, ...]:
+        """The CPUs of a core a plan may use: primary thread only, or all allowed threads."""
+        allowed = set(self.allowed_cpus) if self.allowed_cpus is not None else None
+        pus = [p for p in core.pus if allowed is None or p in allowed]
+        return tuple(pus if smt else pus[:1])
+
+    def distance(self, a: int, b: int) -> int:
+        ids = [n.id for n in self.numa_nodes]
+        return self.distances[ids.index(a)][ids.index(b)]
+
+    def fingerprint(self) -> str:
+        """Stable hash of the shape (nodes, L3s, cores, PUs): same machine -> same fingerprint."""
+        shape = {
+            "nodes": [[n.id, list(n.cpus)] for n in self.numa_nodes],
+            "l3": [list(d.cpus) for d in self.l3_domains],
+            "cores": [list(c.pus) for c in self.cores],
+        }
+        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+    def summary(self) -> str:
+        from tilewise.topology.render import summary_line
+
+        return summary_line(self)
+
+
+def validate(t: Topology) -> None:
+    """Reject inconsistent models: a parse error must never look like an empty machine."""
+    if not t.cores:
+        raise UsageError(f"topology from {t.source} has no cores", "check the file or description")
+    if not t.numa_nodes:
+        raise UsageError(f"topology from {t.source} has no NUMA node")
+    seen: dict[int, int] = {}
+    for c in t.cores:
+        if not c.pus:
+            raise UsageError(f"topology from {t.source}: core L#{c.id} has no PU")
+        for p in c.pus:
+            if p in seen:
+                raise UsageError(f"topology from {t.source}: PU P#{p} belongs to two cores")
+            seen[p] = c.id
+    node_ids = [n.id for n in t.numa_nodes]
+    if len(set(node_ids)) != len(node_ids):
+        raise UsageError(f"topology from {t.source}: duplicate NUMA node ids")
+    node_cpus = sorted(p for n in t.numa_nodes for p in n.cpus)
+    if node_cpus != sorted(seen):
+        raise UsageError(
+            f"topology from {t.source}: NUMA node cpus ({cpulist.format(node_cpus)}) "
+            f"do not cover the cores' PUs ({cpulist.format(seen)})"
+        )
+    n = len(t.numa_nodes)
+    if len(t.distances) != n or any(len(r) != n for r in t.distances):
+        raise UsageError(f"topology from {t.source}: distance matrix is not {n}x{n}")

@@ -1,0 +1,187 @@
+"""hwloc synthetic descriptions, e.g. ``Package:2 [NUMANode(memory=256GB)] L3Cache:8(size=32MB) Core:8 PU:2``.
+
+Supported, as in hwloc 2.x: levels ``Machine``, ``Package``/``Socket``, ``Die``, ``Group``,
+``NUMANode``, ``L3Cache``, ``L2Cache``, ``L1Cache``/``L1dCache``/``L1iCache``, ``Core``, ``PU``
+with counts; memory attached with ``[NUMANode]`` after a level (a second ``[NUMANode]`` on the
+same level is a CPU-less memory node, e.g. CXL); attributes ``memory=`` (NUMANode), ``size=``
+(caches), ``indexes=`` (an explicit OS index list, e.g. for SMT siblings N and N+64 on EPYC).
+Sizes use hwloc's units: KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024.
+Defaults as hwloc's: L3 16 MiB, an implicit single NUMA node of 1 GiB, explicit nodes 0 (unknown).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tilewise.errors import UsageError
+from tilewise.topology.build import RawNode, RawPU, build
+from tilewise.topology.model import Topology
+
+_TYPES = {
+    "machine": "Machine",
+    "package": "Package",
+    "socket": "Package",
+    "die": "Die",
+    "group": "Group",
+    "numanode": "NUMANode",
+    "node": "NUMANode",
+    "l3cache": "L3Cache",
+    "l3": "L3Cache",
+    "l2cache": "L2Cache",
+    "l2": "L2Cache",
+    "l1cache": "L1Cache",
+    "l1dcache": "L1Cache",
+    "l1d": "L1Cache",
+    "l1": "L1Cache",
+    "l1icache": "L1iCache",
+    "core": "Core",
+    "pu": "PU",
+}
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+DEFAULT_L3 = 16 * 2**20
+IMPLICIT_NODE_MEMORY = 2**30
+
+
+@dataclass
+class _Level:
+    type: str
+    count: int
+    attrs: dict = field(default_factory=dict)
+    memory: list[dict] = field(default_factory=list)  # [NUMANode] attached to each object here
+
+
+def _parse_size(value: str, desc: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", value.strip())
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UsageError(f"bad size {value!r} in synthetic description {desc!r}", "use e.g. 32MB or 256GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def _parse_attrs(text: str | None, desc: str) -> dict:
+    if not text:
+        return {}
+    out: dict = {}
+    for part in text.split(","):
+        if "=" not in part:
+            # continuation of an indexes list
+            if "indexes" in out and part.strip().isdigit():
+                out["indexes"].append(int(part))
+                continue
+            raise UsageError(f"bad attribute {part!r} in synthetic description {desc!r}")
+        key, _, value = part.partition("=")
+        key = key.strip().lower()
+        if key in ("memory", "size"):
+            out[key] = _parse_size(value, desc)
+        elif key == "indexes":
+            if not value.strip().isdigit():
+                raise UsageError(
+                    f"unsupported indexes={value!r} in synthetic description {desc!r}",
+                    "give an explicit list, e.g. PU:2(indexes=0,4,1,5,2,6,3,7)",
+                )
+            out["indexes"] = [int(value)]
+        else:
+            out[key] = value.strip()  # hwloc's other attributes (type, associativity...) are ignored
+    return out
+
+
+def parse_levels(desc: str) -> tuple[list[dict], list[_Level]]:
+    tokens = re.findall(r"\[[^\]]*\]|[^\s\[]+\([^)]*\)|[^\s\[]+", desc)
+    if not tokens:
+        raise UsageError("empty synthetic description", "e.g. synthetic:Package:2 [NUMANode] L3Cache:8 Core:8 PU:2")
+    machine_memory: list[dict] = []
+    levels: list[_Level] = []
+    for tok in tokens:
+        if tok.startswith("["):
+            m = re.fullmatch(r"\[\s*(\w+)\s*(?:\((.*)\))?\s*\]", tok)
+            if not m or _TYPES.get(m.group(1).lower()) != "NUMANode":
+                raise UsageError(f"bad memory attachment {tok!r} in synthetic description {desc!r}", "use [NUMANode] or [NUMANode(memory=64GB)]")
+            (levels[-1].memory if levels else machine_memory).append(_parse_attrs(m.group(2), desc))
+            continue
+        m = re.fullmatch(r"(\w+):(\d+)(?:\((.*)\))?", tok)
+        if not m or m.group(1).lower() not in _TYPES:
+            raise UsageError(f"bad level {tok!r} in synthetic description {desc!r}", "levels look like Package:2, L3Cache:8, Core:8, PU:2")
+        typ = _TYPES[m.group(1).lower()]
+        count = int(m.group(2))
+        if count < 1:
+            raise UsageError(f"level {tok!r} needs a count of at least 1")
+        if typ == "Machine":
+            if count != 1:
+                raise UsageError("Machine:N with N > 1 is not supported", "describe one machine")
+            continue
+        levels.append(_Level(typ, count, _parse_attrs(m.group(3), desc)))
+    if not levels or levels[-1].type != "PU":
+        raise UsageError(f"synthetic description {desc!r} must end with a PU level", "e.g. ... Core:8 PU:2")
+    if any(lv.type == "PU" for lv in levels[:-1]):
+        raise UsageError(f"synthetic description {desc!r} has a PU level before the last")
+    return machine_memory, levels
+
+
+def load(desc: str) -> Topology:
+    machine_memory, levels = parse_levels(desc)
+    total = 1
+    for lv in levels:
+        total *= lv.count
+    if total > 1 << 16:
+        raise UsageError(f"synthetic description {desc!r} has {total} PUs", "at most 65536 are supported")
+
+    has_numa = bool(machine_memory) or any(lv.type == "NUMANode" or lv.memory for lv in levels)
+    if not has_numa:
+        machine_memory = [{"memory": IMPLICIT_NODE_MEMORY}]
+
+    pu_level = levels[-1]
+    pu_indexes = pu_level.attrs.get("indexes")
+    if pu_indexes is not None and sorted(pu_indexes) != list(range(total)):
+        raise UsageError(f"PU indexes in {desc!r} must be a permutation of 0..{total - 1}")
+
+    raw_nodes: list[RawNode] = []
+    pus: list[RawPU] = []
+    l3_sizes: dict = {}
+
+    def new_node(attrs: dict, with_cpus: bool, package: int | None) -> int:
+        nid = len(raw_nodes)
+        memory = attrs.get("memory", 0)
+        raw_nodes.append(RawNode(nid, memory, (), package, None if with_cpus else "memory"))
+        return nid
+
+    def walk(depth: int, ctx: dict) -> None:
+        lv = levels[depth]
+        for i in range(lv.count):
+            c = dict(ctx)
+            idx = c["counters"][depth]
+            c["counters"][depth] += 1
+            if lv.type == "Package":
+                c["package"] = idx
+            elif lv.type == "NUMANode":
+                c["node"] = new_node(lv.attrs, True, c.get("package"))
+            elif lv.type == "L3Cache":
+                c["l3"] = ("l3", idx)
+                l3_sizes[c["l3"]] = lv.attrs.get("size", DEFAULT_L3)
+            elif lv.type == "Core":
+                c["core"] = ("core", idx)
+            elif lv.type == "PU":
+                logical = idx
+                cpu = pu_indexes[logical] if pu_indexes is not None else logical
+                core = c.get("core", ("pu", logical))
+                pus.append(RawPU(cpu, c.get("package", 0), core, core[1], c["node"], c.get("l3")))
+                continue
+            for j, attrs in enumerate(lv.memory):
+                nid = new_node(attrs, j == 0, c.get("package"))
+                if j == 0:
+                    c["node"] = nid
+            walk(depth + 1, c)
+
+    ctx: dict = {"counters": [0] * len(levels)}
+    for j, attrs in enumerate(machine_memory):
+        nid = new_node(attrs, j == 0, None)
+        if j == 0:
+            ctx["node"] = nid
+    try:
+        walk(0, ctx)
+    except KeyError:
+        raise UsageError(
+            f"synthetic description {desc!r} has PUs outside any NUMA node",
+            "attach [NUMANode] to a level above the PUs, or to none at all",
+        ) from None
+    return build(pus, raw_nodes, distances=None, l3_sizes=l3_sizes, source=f"synthetic:{desc}")

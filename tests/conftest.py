@@ -1,0 +1,47 @@
+"""Shared pytest setup: slow/device/root tests are skipped by default; topology fixtures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
+    parser.addoption("--run-device", action="store_true", help="run tests that need a 16+ core machine")
+
+
+def pytest_collection_modifyitems(config, items):
+    run_slow = config.getoption("--run-slow") or os.environ.get("TILEWISE_SLOW") == "1"
+    run_device = config.getoption("--run-device") or os.environ.get("TILEWISE_DEVICE") == "1"
+    for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow or TILEWISE_SLOW=1"))
+        if "device" in item.keywords and not run_device:
+            item.add_marker(pytest.mark.skip(reason="device: needs a 16+ core machine (--run-device)"))
+        if "root" in item.keywords and os.geteuid() != 0:
+            item.add_marker(pytest.mark.skip(reason="needs root"))
+
+
+def run_cli(*args: str, check: bool = False, timeout: float = 300, env: dict | None = None, input: str | None = None):
+    """Run the real `tilewise` CLI in a subprocess (end-to-end), returning CompletedProcess."""
+    exe = shutil.which("tilewise", path=str(Path(sys.executable).parent)) or "tilewise"
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    cp = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=full_env, input=input)
+    if check and cp.returncode != 0:
+        raise AssertionError(f"tilewise {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
+    return cp
+
+
+@pytest.fixture
+def cli():
+    return run_cli
