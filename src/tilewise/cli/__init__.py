@@ -20,15 +20,21 @@ COMMANDS = {
     "topo": "tilewise.cli.topo:topo",
     "plan": "tilewise.cli.plan:plan_cmd",
     "exec": "tilewise.cli.exec:exec_cmd",
+    "bench": "tilewise.cli.bench:bench",
 }
 
 
 class LazyGroup(click.Group):
+    registry: dict[str, str] | None = None  # None: the top-level COMMANDS
+
+    def _registry(self) -> dict[str, str]:
+        return COMMANDS if self.registry is None else self.registry
+
     def list_commands(self, ctx):
-        return sorted(COMMANDS)
+        return sorted(self._registry())
 
     def get_command(self, ctx, name):
-        target = COMMANDS.get(name)
+        target = self._registry().get(name)
         if target is None:
             return None
         module, _, attr = target.partition(":")
