@@ -6,7 +6,7 @@ with counts; memory attached with ``[NUMANode]`` after a level (a second ``[NUMA
 same level is a CPU-less memory node, e.g. CXL); attributes ``memory=`` (NUMANode), ``size=``
 (caches), ``indexes=`` (an explicit OS index list, e.g. for SMT siblings N and N+64 on EPYC).
 Sizes use hwloc's units: KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024.
-Defaults as hwloc's: L3 16 MiB, an implicit single NUMA node of 1 GiB, explicit nodes 0 (unknown).
+Defaults as hwloc's: L3 16 MiB; 1 GiB for an implicit node or a NUMANode level; 0 (unknown) for [NUMANode].
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def load(desc: str) -> Topology:
             c["counters"][depth] += 1
             if lv.type == "Package":
                 c["package"] = idx
-            elif lv.type == "NUMANode":
-                c["node"] = new_node(lv.attrs, True, c.get("package"))
+            elif lv.type == "NUMANode":  # as hwloc: a NUMANode level defaults to 1 GiB per node
+                c["node"] = new_node({"memory": IMPLICIT_NODE_MEMORY} | lv.attrs, True, c.get("package"))
             elif lv.type == "L3Cache":
                 c["l3"] = ("l3", idx)
                 l3_sizes[c["l3"]] = lv.attrs.get("size", DEFAULT_L3)

@@ -1,0 +1,218 @@
+"""Planner decisions on the real machines of the studies (loaded from real hwloc XML fixtures)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixtures.machines import machines
+from tilewise import plan, topology
+from tilewise.errors import UsageError
+from tilewise.topology import synthetic
+
+from conftest import FIXTURES
+
+MACHINES = machines()
+
+
+@pytest.fixture(scope="module")
+def topo():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = topology.load(str(FIXTURES / f"{name}.xml"))
+        return cache[name]
+    return get
+
+
+def cpus_of(t, inst):
+    return {t.core_of_cpu[c].id for c in inst.cpus}
+
+
+def assert_partition(t, p, smt=False):
+    """Instances are disjoint and together use every usable core (primary threads unless smt)."""
+    seen = [c for i in p.instances for c in i.cpus]
+    assert len(seen) == len(set(seen))
+    want = sorted(p2 for c in t.cores for p2 in t.core_cpus(c, smt))
+    assert sorted(seen) == want
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_every_policy_partitions_the_cores(topo, name):
+    t = topo(name)
+    for pol in ("wim", "win", "wicp", "wicp-mixed", "wic"):
+        assert_partition(t, plan.plan(t, pol))
+    if len(t.cpu_nodes) > 1:
+        assert_partition(t, plan.plan(t, "spread"))
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_instance_counts(topo, name):
+    t = topo(name)
+    exp = MACHINES[name].expect
+    assert len(plan.plan(t, "wim").instances) == 1
+    assert len(plan.plan(t, "win").instances) == exp["nodes"] - exp.get("cpuless", 0)
+    assert len(plan.plan(t, "wicp").instances) == exp["l3"]
+    assert len(plan.plan(t, "wicp-mixed").instances) == exp["l3"]
+    assert len(plan.plan(t, "wic").instances) == exp["cores"]
+    assert len(plan.plan(t, "wic", smt=True).instances) == exp["cores"]
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_policy_shapes(topo, name):
+    t = topo(name)
+    for i in plan.plan(t, "wicp").instances:  # never spans two L3 domains; membind to its node
+        assert len(i.l3_domains) == 1
+        assert i.mem_policy == "membind" and i.mem_nodes == i.numa_nodes and len(i.numa_nodes) == 1
+    for i in plan.plan(t, "win").instances:  # membind to its own node, all its cores
+        assert i.mem_policy == "membind" and i.mem_nodes == i.numa_nodes and len(i.mem_nodes) == 1
+        assert set(i.cpus) == {c.primary for c in t.cores if c.numa_node == i.mem_nodes[0]}
+    for i in plan.plan(t, "wic").instances:  # one core each, local memory
+        assert len(i.cpus) == 1 and i.mem_policy == "local"
+    for i in plan.plan(t, "wic", smt=True).instances:
+        assert len(cpus_of(t, i)) == 1 and len(i.cpus) == t.smt
+    for i in plan.plan(t, "wim").instances:
+        assert i.mem_policy == "first-touch" and len(i.cpus) == len(t.cores)
+
+
+@pytest.mark.parametrize("name", [n for n, s in MACHINES.items() if s.expect["l3"] > s.expect["nodes"]])
+def test_wicp_mixed_takes_one_core_from_each_l3(topo, name):
+    t = topo(name)
+    per_l3 = {d.id: sum(1 for c in t.cores if c.l3 == d.id) for d in t.l3_domains}
+    local = plan.plan(t, "wicp")
+    mixed = plan.plan(t, "wicp-mixed")
+    assert sorted(i.cores for i in mixed.instances) == sorted(i.cores for i in local.instances)
+    for i in mixed.instances:
+        l3s = [t.core_of_cpu[c].l3 for c in i.cpus]
+        assert len(l3s) == len(set(l3s)), "one core from each L3"
+        assert len(l3s) == min(per_l3.values())
+        assert i.mem_policy == "interleave" and len(i.numa_nodes) == 1
+
+
+@pytest.mark.parametrize("name", [n for n, s in MACHINES.items() if s.expect["nodes"] - s.expect.get("cpuless", 0) > 1])
+def test_spread_puts_each_instance_on_different_nodes(topo, name):
+    t = topo(name)
+    win, sp = plan.plan(t, "win"), plan.plan(t, "spread")
+    assert len(sp.instances) == len(win.instances)
+    assert sorted(i.cores for i in sp.instances) == sorted(i.cores for i in win.instances)
+    for i in sp.instances:
+        # its cores come from as many different nodes as possible (every node, or one node per core)
+        assert len(i.numa_nodes) == min(i.cores, len(t.cpu_nodes))
+
+
+def test_spread_on_one_node_is_an_error(topo):
+    with pytest.raises(UsageError, match="spread needs at least 2 NUMA nodes"):
+        plan.plan(topo("graviton3"), "spread")
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+def test_auto_choice(topo, name):
+    p = plan.plan(topo(name), "auto")
+    assert p.policy == MACHINES[name].expect["auto"]
+    assert p.requested == "auto" and p.reasons
+
+
+def test_epyc_wicp_instance_is_one_ccd(topo):
+    t = topo("epyc7713x2")
+    p = plan.plan(t, "wicp")
+    assert p.instances[0].cpus == tuple(range(8))
+    assert plan.plan(t, "wicp", smt=True).instances[0].cpus == tuple(range(8)) + tuple(range(128, 136))
+    assert p.instances[15].cpus == tuple(range(120, 128)) and p.instances[15].mem_nodes == (1,)
+
+
+def test_cpuless_node_never_gets_an_instance_but_can_be_a_memory_target(topo):
+    t = topo("epyc9654_cxl")
+    assert all(1 not in i.numa_nodes for i in plan.plan(t, "wic").instances)
+    p = plan.plan(t, "wim", mem="interleave", mem_nodes=(0, 1))
+    assert p.instances[0].mem_nodes == (0, 1)
+
+
+def test_n_instances_packed_by_l3(topo):
+    t = topo("epyc7713x2")
+    p = plan.plan(t, "n", instances=32)
+    assert [i.cores for i in p.instances] == [4] * 32
+    assert all(len(i.l3_domains) == 1 for i in p.instances)
+    p3 = plan.plan(t, "n", instances=3)
+    assert sum(i.cores for i in p3.instances) == 128 and len(p3.instances) == 3
+    with pytest.raises(UsageError, match="only 128 cores"):
+        plan.plan(t, "n", instances=129)
+
+
+def test_auto_working_set_rules():
+    t = synthetic.load("Package:1 [NUMANode(memory=64GB)] L3Cache:8(size=32MiB) Core:8 PU:2")
+    small = plan.plan(t, "auto", hints=plan.AutoHints(working_set_bytes=16 * 2**20))
+    mid = plan.plan(t, "auto", hints=plan.AutoHints(working_set_bytes=200 * 2**20))
+    big = plan.plan(t, "auto", hints=plan.AutoHints(working_set_bytes=10 * 2**30))
+    assert (small.policy, mid.policy, big.policy) == ("wicp", "wicp-mixed", "wicp")
+    assert plan.plan(t, "auto", hints=plan.AutoHints(engine_threads="single")).policy == "wic"
+    assert plan.plan(t, "auto", hints=plan.AutoHints(skewed=True)).policy == "wim"
+
+
+def test_auto_uses_measured_latency():
+    t = synthetic.load("Package:1 [NUMANode] L3Cache:2 Core:2 PU:1")
+    flat = [[0 if i == j else 50 for j in range(4)] for i in range(4)]
+    t.measurements["latency_ns"] = {"cpus": [0, 1, 2, 3], "values": flat}
+    p = plan.plan(t, "auto")
+    assert p.policy == "wim" and "below" in " ".join(p.reasons)
+    gap = [[0 if i == j else (20 if i // 2 == j // 2 else 90) for j in range(4)] for i in range(4)]
+    t.measurements["latency_ns"] = {"cpus": [0, 1, 2, 3], "values": gap}
+    p = plan.plan(t, "auto")
+    assert p.policy == "wicp" and "4.50x" in " ".join(p.reasons)
+
+
+def test_allowed_cpus_restrict_the_plan():
+    t = synthetic.load("Package:1 [NUMANode] L3Cache:2 Core:2 PU:1")
+    t2 = topology.model.Topology(t.packages, t.numa_nodes, t.l3_domains, t.cores, t.distances, "x", allowed_cpus=(0, 1, 2))
+    assert plan.plan(t2, "wic").instances[-1].cpus == (2,)
+    assert len(plan.plan(t2, "wic").instances) == 3
+
+
+def test_bad_requests():
+    t = synthetic.load("Core:2 PU:1")
+    with pytest.raises(UsageError, match="unknown policy"):
+        plan.plan(t, "nope")
+    with pytest.raises(UsageError, match="unknown memory policy"):
+        plan.plan(t, "wim", mem="everywhere")
+    with pytest.raises(UsageError, match="do not exist"):
+        plan.plan(t, "wim", mem_nodes=(3,))
+    with pytest.raises(UsageError, match="--instances applies to policy n"):
+        plan.plan(t, "wic", instances=2)
+
+
+def test_plan_json_round_trip(topo):
+    p = plan.plan(topo("spr8480x2_snc4"), "win")
+    assert plan.Plan.from_json(json.loads(json.dumps(p.to_json()))) == p
+
+
+def test_plan_cli(cli):
+    xml = str(FIXTURES / "epyc7713x2.xml")
+    doc = json.loads(cli("plan", "--topology", xml, "--policy", "wicp", "--json", check=True).stdout)
+    assert doc["policy"] == "wicp" and len(doc["instances"]) == 16
+    assert doc["instances"][0]["cpus"] == list(range(8)) and doc["instances"][0]["mem_nodes"] == [0]
+    assert doc["instances"][0]["mem_policy"] == "membind"
+    auto = json.loads(cli("plan", "--topology", xml, "--json", check=True).stdout)
+    assert auto["policy"] == "wicp" and auto["reasons"]
+    text = cli("plan", "--topology", xml, "--policy", "auto", check=True).stdout
+    assert "because" in text and "wicp" in text
+    k = json.loads(cli("plan", "--topology", xml, "--instances", "4", "--json", check=True).stdout)
+    assert k["policy"] == "n" and len(k["instances"]) == 4
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--policy", "bogus"], "unknown policy"),
+    (["--instances", "999"], "only 128 cores"),
+    (["--policy", "wicp", "--mem", "sideways"], "unknown memory policy"),
+])
+def test_plan_cli_errors(cli, args, msg):
+    cp = cli("plan", "--topology", str(FIXTURES / "epyc7713x2.xml"), *args)
+    assert cp.returncode != 0 and msg in cp.stderr
+    assert cp.stderr.startswith("Error: ") and "Traceback" not in cp.stderr
+
+
+def test_plan_cli_on_malformed_file(cli, tmp_path):
+    bad = tmp_path / "bad.xml"
+    bad.write_text("not xml")
+    cp = cli("plan", "--topology", str(bad))
+    assert cp.returncode != 0 and cp.stderr.startswith("Error: ") and "Traceback" not in cp.stderr
