@@ -26,9 +26,15 @@ src/tilewise/_bin/.built: $(NATIVE_SRC)
 	$(MAKE) -C native OUT=$(CURDIR)/src/tilewise/_bin
 	touch $@
 
+# The main job: TPC-H SF1 on DuckDB under the policies that apply to this machine (wim, wic, auto),
+# 2 concurrent streams, warm-up + 3 timed runs, every answer validated; report in results/tpch-sf1/.
+# About 1-3 minutes on 2 cores (+ under a minute to generate SF1 the first time). RUN_ARGS adds flags, e.g. make run RUN_ARGS='--runs 1'.
+RUN_ARGS ?=
 run: setup
 	$(BIN)/tilewise topo
 	$(BIN)/tilewise plan --policy auto
+	$(BIN)/tilewise bench tpch --engine duckdb --sf 1 --policies wim,wic,auto --streams 2 --runs 3 \
+	    --out results/tpch-sf1 $(RUN_ARGS)
 
 test: setup
 	$(BIN)/pytest -q

@@ -21,6 +21,13 @@ COMMANDS = {
     "plan": "tilewise.cli.plan:plan_cmd",
     "exec": "tilewise.cli.exec:exec_cmd",
     "bench": "tilewise.cli.bench:bench",
+    "up": "tilewise.cli.cluster:up_cmd",
+    "status": "tilewise.cli.cluster:status_cmd",
+    "down": "tilewise.cli.cluster:down_cmd",
+    "elastic": "tilewise.cli.elastic:elastic",
+    "probe": "tilewise.cli.probe:probe",
+    "workload": "tilewise.cli.workload:workload_cmd",
+    "tune": "tilewise.cli.tune:tune_cmd",
 }
 
 

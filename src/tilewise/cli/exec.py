@@ -18,16 +18,27 @@ from tilewise.errors import UsageError
 @plan_options
 @click.option("--instance", "-i", "instance_id", type=int, default=0, show_default=True, help="Which instance of the plan.")
 @click.option("--plan", "plan_path", metavar="FILE", help="Use a plan saved by `tilewise plan --save`.")
-@click.option("--allocator", default="system", show_default=True,
-              help=f"Preload an allocator: {', '.join(allocators.names())}.")
+@click.option("--allocator", default=None,
+              help=f"Preload an allocator: {', '.join(allocators.names())} (default system).")
+@click.option("--config", "config_path", metavar="FILE",
+              help="A configuration written by `tilewise tune`: supplies allocator and memory policy (flags win).")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def exec_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed,
-             instance_id, plan_path, allocator, as_json, command):
+             instance_id, plan_path, allocator, config_path, as_json, command):
     """Run COMMAND bound to one instance's CPUs, memory policy and allocator; verify from /proc.
 
     Exits with COMMAND's exit code (1 if the binding could not be verified).
     """
+    if config_path:
+        from tilewise.tune.knobs import load_config
+
+        cfg = load_config(config_path).config
+        allocator = allocator or cfg.allocator
+        if mem is None and not plan_path:
+            mem = cfg.mem
+            mem_nodes = mem_nodes or (",".join(map(str, cfg.mem_nodes)) or None)
+    allocator = allocator or "system"
     allocators.get(allocator)
     if plan_path:
         try:

@@ -72,7 +72,7 @@ def print_plan(p, t) -> None:
     from rich.table import Table
 
     out = console()
-    title = f"policy {p.policy}" + (f" (auto)" if p.requested == "auto" else "")
+    title = f"policy {p.policy}" + (" (auto)" if p.requested == "auto" else "")
     out.print(f"[bold]{title}[/bold]: {len(p.instances)} instance(s) on {t.summary()}")
     for r in p.reasons:
         out.print(f"  because {r}", markup=False)

@@ -13,20 +13,27 @@ from tilewise.topology import hwloc_xml, render
 @topology_option
 @json_option
 @click.option("--export", "export_path", metavar="FILE", help="Write the topology as hwloc 2.x XML.")
-def topo(topology_src, as_json, export_path):
+@click.option("--measure", is_flag=True,
+              help="Measure core-to-core latency and bandwidth here and keep them with the topology (and in --export).")
+def topo(topology_src, as_json, export_path, measure):
     """Show packages, NUMA nodes (CPU-less ones too), L3 domains (chiplets), cores, SMT, distances."""
     t = topology.load(topology_src)
+    notes: list[str] = []
+    if measure:
+        from tilewise.probes.matrix import measure_into
+
+        notes = measure_into(t, report=lambda m: console(stderr=True).print(m, markup=False))
     if export_path:
         hwloc_xml.save(t, export_path)
     if as_json:
         doc = render.to_json(t)
         if export_path:
             doc["exported_to"] = export_path
+        if measure:
+            doc["measure_notes"] = notes
         emit_json(doc)
         return
-    out = console()
-    for line in render.tree_lines(t):
-        out.print(line, markup=False)
-    out.print(render.summary_line(t), markup=False)
+    lines = render.tree_lines(t) + [render.summary_line(t)] + notes  # plain text: no rich import here
     if export_path:
-        out.print(f"exported hwloc XML to {export_path}", markup=False)
+        lines.append(f"exported hwloc XML to {export_path}")
+    click.echo("\n".join(lines))

@@ -1,0 +1,127 @@
+"""`tilewise bench tpch`: TPC-H per deployment policy, validated, with results.json/CSV/plots."""
+
+from __future__ import annotations
+
+import click
+
+from tilewise.cli.common import console, emit_json, json_option, topology_option
+
+
+class _RichReporter:
+    """Progress bar and messages on stderr (plain when not a terminal or NO_COLOR is set)."""
+
+    def __init__(self, quiet: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.err = console(stderr=True)
+        self.quiet = quiet
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                 console=self.err, transient=True, disable=not self.err.is_terminal)
+        self.task = None
+        self.policy = ""
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+    def message(self, text: str) -> None:
+        if not self.quiet:
+            self.progress.console.print(text, markup=False, highlight=False)
+
+    def start_policy(self, name: str, total_steps: int) -> None:
+        self.policy = name
+        self.task = self.progress.add_task(name, total=total_steps)
+
+    def step(self, label: str) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, advance=1, description=f"{self.policy}: {label}")
+
+    def end_policy(self, name: str) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+            self.task = None
+
+
+@click.command("tpch")
+@click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark.")
+@click.option("--sf", default="1", show_default=True, help="TPC-H scale factor (> 0), e.g. 1 or 0.01.")
+@click.option("--policies", "-p", default="wim,wic,auto", show_default=True,
+              help="Comma-separated deployment policies; the first is the baseline (n=K for K instances).")
+@click.option("--streams", "-s", type=int, default=1, show_default=True,
+              help="Concurrent query streams, routed across the instances (throughput mode).")
+@click.option("--runs", "-r", type=int, default=3, show_default=True, help="Timed runs after one warm-up run.")
+@click.option("--out", "-o", "out_dir", default="tpch-results", show_default=True, metavar="DIR",
+              help="Where results.json, results.csv and the plots go.")
+@topology_option
+@click.option("--queries", "-q", "query_list", default=None, metavar="LIST", help="Subset, e.g. 1,6,10-12 (default: all 22).")
+@click.option("--allocator", default=None,
+              help="Memory allocator preloaded into every instance: system (default), jemalloc, tcmalloc, mimalloc, tbbmalloc.")
+@click.option("--config", "config_path", default=None, metavar="FILE",
+              help="A configuration written by `tilewise tune`: supplies allocator and memory policy (flags win).")
+@click.option("--data-dir", default=None, metavar="DIR", help="TPC-H data cache (default: ~/.cache/tilewise/tpch).")
+@click.option("--mem", default=None, metavar="POLICY", help="Override every policy's memory policy.")
+@click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only).")
+@click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
+@click.option("--no-plots", is_flag=True, help="Do not write PNG plots.")
+@click.option("--inject-wrong-answer", "inject", default=None, hidden=True,
+              help="Test hook: corrupt these queries' answers before validation, e.g. 6.")
+@json_option
+def tpch(engine, sf, policies, streams, runs, out_dir, topology_src, query_list, allocator, config_path, data_dir, mem,
+         smt, no_warmup, no_plots, inject, as_json):
+    """Run TPC-H under each deployment policy, validate every answer, and report speedups.
+
+    Example: tilewise bench tpch --sf 1 --policies wim,wic,auto --runs 3 --out results/
+    """
+    from tilewise.bench import queries as Q
+    from tilewise.bench import tpch as harness
+    from tilewise.bench.tpch_data import check_sf
+
+    if config_path:  # a tuned configuration (tilewise tune): explicit flags win
+        from tilewise.tune.knobs import load_config
+
+        tuned = load_config(config_path).config
+        allocator = allocator or tuned.allocator
+        mem = mem or tuned.mem
+    allocator = allocator or "system"
+    cfg = harness.Config(
+        engine=engine, sf=check_sf(sf), policies=policies, streams=streams, runs=runs, out=out_dir,
+        topology_src=topology_src, queries=Q.parse_selection(query_list), allocator=allocator,
+        data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
+        inject_wrong=tuple(Q.parse_selection(inject)) if inject else (),
+    )
+    out = console()
+    with _RichReporter(quiet=False) as rep:
+        try:
+            doc = harness.run(cfg, rep)
+        except harness.WrongAnswer:
+            _final(out, cfg, as_json, failed=True)
+            raise
+    _final(out, cfg, as_json, failed=False, doc=doc)
+
+
+def _final(out, cfg, as_json: bool, failed: bool, doc: dict | None = None) -> None:
+    from pathlib import Path
+
+    from tilewise.bench import results as R
+
+    path = Path(cfg.out) / "results.json"
+    if doc is None:
+        try:
+            doc = R.load(path)
+        except Exception:
+            return
+    if as_json:
+        emit_json(doc)
+        return
+    R.render(doc, out)
+    if failed:
+        err = console(stderr=True)
+        for w in doc.get("validation", {}).get("wrong_answers", []):
+            err.print(f"[bold red]WRONG ANSWER[/bold red] {w}", highlight=False)
+    out.print(f"report: {path.resolve()} (+ results.csv" +
+              (", " + ", ".join(Path(p).name for p in doc.get("plots", [])) if doc.get("plots") else "") + ")",
+              markup=False)

@@ -1,0 +1,365 @@
+"""`tilewise elastic`: hand a running DBMS only the cores its load needs (paper 002)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.errors import TilewiseError, UsageError
+
+
+@click.command("elastic")
+@click.option("--pid", type=int, default=None, help="Manage this process and everything it spawns.")
+@click.option("--cgroup", "cgroup_path", default=None, metavar="PATH",
+              help="Manage the tasks of this cpuset cgroup (a child group of ours is created inside it).")
+@click.option("--instances", "use_instances", is_flag=True, help="Manage each instance of the cluster `tilewise up` started.")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME", help="With --instances: which cluster (when several run).")
+@click.option("--mode", type=click.Choice(["dense", "sparse", "adaptive"]), default="adaptive", show_default=True,
+              help="Which core next: fill a node / round-robin over nodes / node with most of the target's pages.")
+@click.option("--metric", type=click.Choice(["cpu", "traffic"]), default="cpu", show_default=True,
+              help="cpu: load of the allocated cores; traffic: remote/local memory traffic (needs uncore counters).")
+@click.option("--th-min", type=float, default=None, help="Release a core at or below this (default 10 %; traffic 0.1).")
+@click.option("--th-max", type=float, default=None, help="Add a core at or above this (default 70 %; traffic 0.4).")
+@click.option("--interval", type=float, default=0.1, show_default=True, help="Seconds between ticks.")
+@click.option("--duration", type=float, default=None, metavar="S", help="Stop after S seconds (default: until the target exits or Ctrl-C).")
+@click.option("--dry-run", is_flag=True, help="Measure and decide, change nothing (with --trace: simulate on --topology).")
+@click.option("--trace", "trace_path", default=None, metavar="FILE", help="With --dry-run: a recorded load trace (CSV time,demand|load or JSON lines).")
+@click.option("--log", "log_path", default=None, metavar="FILE", help="Write every tick's firings as JSON lines.")
+@click.option("--replay", "replay_path", default=None, metavar="LOG", help="Summarise (and with --plot draw) a --log file.")
+@click.option("--plot", "plot_path", default=None, metavar="PNG", help="With --replay: load and allocated cores over time.")
+@click.option("--enforce", type=click.Choice(["auto", "cgroup", "affinity"]), default="auto", show_default=True,
+              help="auto: a cpuset cgroup of our own where possible, else sched_setaffinity on every thread.")
+@click.option("--smt", is_flag=True, help="Hand out a core with all its hardware threads (default: one PU per core).")
+@click.option("--pages-interval", type=float, default=1.0, show_default=True, help="adaptive: seconds between numa_maps reads.")
+@click.option("--stats", "show_stats", is_flag=True, help="Print the controller's own CPU cost (per tick and in total).")
+@click.option("--quiet", "-q", is_flag=True, help="Text mode: only the summary, not each core change.")
+@topology_option
+@json_option
+def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min, th_max, interval, duration, dry_run, trace_path,
+            log_path, replay_path, plot_path, enforce, smt, pages_interval, show_stats, quiet, topology_src, as_json):
+    """Elastic core allocator: start the target at one core, add one when the load of its cores
+    reaches --th-max, release one at --th-min (a Petri-net controller); restore everything on exit.
+
+    \b
+    tilewise elastic --pid 1234 --duration 60 --log el.jsonl
+    tilewise elastic --replay el.jsonl --plot el.png
+    tilewise elastic --dry-run --trace load.csv --topology synthetic:"Package:2 [NUMANode] L3Cache:8 Core:8 PU:2"
+    """
+    if replay_path:
+        if pid or cgroup_path or use_instances or trace_path:
+            raise UsageError("--replay reads a log; it takes no target", "drop --pid/--cgroup/--instances/--trace")
+        return _replay(replay_path, plot_path, as_json)
+    if plot_path:
+        raise UsageError("--plot draws a log", "use it with --replay LOG")
+    if interval <= 0:
+        raise UsageError("--interval must be positive")
+    if duration is not None and duration <= 0:
+        raise UsageError("--duration must be positive")
+    if metric == "traffic":
+        from tilewise.elastic.metrics import traffic_availability
+
+        ok, why = traffic_availability()
+        if not ok:
+            raise TilewiseError(f"--metric traffic: {why}", "use --metric cpu")
+    th_min = 10.0 if th_min is None else th_min
+    th_max = 70.0 if th_max is None else th_max
+    if not (0 <= th_min < th_max <= 100):
+        raise UsageError(f"thresholds must satisfy 0 <= th-min < th-max <= 100 (got {th_min}, {th_max})")
+
+    from tilewise import topology
+    from tilewise.elastic import daemon, enforce as enf, modes, petri
+
+    if trace_path:
+        if not dry_run:
+            raise UsageError("--trace runs the controller on a recorded trace and changes nothing", "add --dry-run")
+        if pid or cgroup_path or use_instances:
+            raise UsageError("--trace replaces the target", "drop --pid/--cgroup/--instances")
+        t = topology.load(topology_src)
+        pool = modes.make_pool(t, None, smt)
+        unit = daemon.Unit("trace", pool, petri.NetConfig(th_min, th_max, pool.n_total), mode)
+        rows = daemon.load_trace(trace_path)
+        with _LogSink(log_path) as sink:
+            recs = daemon.simulate(rows, unit, sink)
+        summary = _summary(recs, {"source": trace_path, "topology": t.summary(), "mode": mode, "n_total": pool.n_total,
+                                  "th_min": th_min, "th_max": th_max, "enforce": "simulated", "log": log_path})
+        ms = sorted(r["tick_cpu_ms"] for r in recs if "tick_cpu_ms" in r)
+        if ms:
+            summary["stats"] = {"ticks": len(ms), "tick_cpu_ms": {"mean": round(sum(ms) / len(ms), 4), "median": ms[len(ms) // 2],
+                                "p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "max": ms[-1]},
+                                "daemon_cpu_s": round(sum(ms) / 1e3, 4), "wall_s": None, "daemon_cpu_pct_of_core": None}
+        return _report(summary, recs, as_json, quiet, show_stats, None)
+
+    if sum(bool(x) for x in (pid, cgroup_path, use_instances)) != 1:
+        raise UsageError("give exactly one target: --pid PID, --cgroup PATH or --instances",
+                         "or --dry-run --trace FILE to simulate, or --replay LOG")
+    t = topology.load(topology_src)
+    if not topology.is_live(t):
+        raise UsageError(f"the topology {t.source} is not this machine: a live target can only be driven on this machine's topology",
+                         "drop --topology, or simulate with --dry-run --trace FILE")
+
+    proc = daemon.ProcFS()
+    cfg_for = lambda pool: petri.NetConfig(th_min, th_max, pool.n_total)  # noqa: E731
+    units = []
+    notes = []
+    if not dry_run:
+        notes += enf.recover_stale()
+    if pid or cgroup_path:
+        target = daemon.PidTarget(pid, proc) if pid else daemon.CgroupTarget(os.path.abspath(cgroup_path), proc)
+        if pid and pid == os.getpid():
+            raise UsageError("the daemon cannot manage itself")
+        if pid and not proc.alive(pid):
+            raise TilewiseError(f"no running process with pid {pid}", "check the pid (ps -e)")
+        allowed = target.allowed_cpus()
+        pool = modes.make_pool(t, allowed, smt)
+        units.append(daemon.Unit(target.name, pool, cfg_for(pool), mode, target))
+    else:
+        for name, ipid, cpus in _cluster_instances(cluster_name):
+            target = daemon.PidTarget(ipid, proc)
+            pool = modes.make_pool(t, cpus or target.allowed_cpus(), smt)
+            units.append(daemon.Unit(f"instance {name}", pool, cfg_for(pool), mode, target))
+    for u in units:
+        if not dry_run:
+            u.enforcer = enf.choose(enforce, getattr(u.target, "pid", None), getattr(u.target, "path", None))
+            if u.enforcer.reason and enforce == "auto":
+                notes.append(f"{u.name}: using sched_setaffinity ({u.enforcer.reason})")
+
+    out = console(stderr=True)
+    live = not as_json and not quiet
+
+    def show(rec: dict) -> None:
+        if rec.get("event"):
+            if live and rec["event"] == "start":
+                out.print(f"{rec['unit']}: start with 1 of {rec['n_total']} cores (cpus {rec['cpus']}), mode {rec['mode']}, "
+                          f"enforcement {rec['enforce']}", markup=False)
+            elif live:
+                out.print(f"{rec['unit']}: {rec['event']} at {rec['t']:.2f}s", markup=False)
+            return
+        if live and rec.get("action") != "none":
+            out.print(f"{rec['t']:8.2f}s {rec['unit']}: u={rec['u']:5.1f}% {','.join(rec['transitions'])} "
+                      f"{rec['action']} -> {rec['n_alloc']} cores (cpus {rec['cpus']})", markup=False)
+
+    recs: list[dict] = []
+    with _LogSink(log_path) as sink:
+        def log(rec: dict) -> None:
+            recs.append(rec)
+            sink(rec)
+            show(rec)
+
+        d = daemon.Daemon(units, interval=interval, dry_run=dry_run, pages_interval=pages_interval, log=log, proc=proc)
+        interrupted = None
+        try:
+            with d:
+                for n in notes:
+                    if not as_json:
+                        out.print(f"note: {n}", markup=False)
+                d.run(duration=duration)
+        except BaseException as e:  # Ctrl-C, SIGTERM (the CLI's Terminated): restored by `with d`; report then re-raise
+            if not isinstance(e, (KeyboardInterrupt,)) and type(e).__name__ != "Terminated":
+                raise
+            interrupted = e
+            d.stop_reason = "stopped by signal"
+        summary = _summary(recs, {"target": [u.name for u in units], "mode": mode, "th_min": th_min, "th_max": th_max,
+                                  "interval": interval, "dry_run": dry_run, "log": log_path,
+                                  "enforce": ["dry-run" if dry_run else u.enforcer.kind for u in units],
+                                  "stop_reason": d.stop_reason, "restored": not d.problems,
+                                  "problems": d.problems, "notes": notes})
+        summary["stats"] = d.stats()
+        sink({"event": "end", "t": round(d.clock() - d.t0, 6), "stop_reason": d.stop_reason, "stats": summary["stats"],
+              "problems": d.problems})
+    _report(summary, recs, as_json, quiet, show_stats, d)
+    if interrupted is not None:
+        raise interrupted
+
+
+def _cluster_instances(name: str | None):
+    """(name, pid, cpus) of the running cluster's worker instances (the state `tilewise up` records)."""
+    try:
+        from tilewise import cluster
+    except ImportError:
+        raise TilewiseError("no running cluster: this tilewise has no `tilewise up`", "use --pid PID of a DBMS process") from None
+    names = cluster.names()
+    if name is None:
+        if not names:
+            raise TilewiseError(f"no running cluster (no state file in {cluster.state_dir()})", "start one with `tilewise up`")
+        if len(names) > 1:
+            raise UsageError(f"several clusters are recorded: {', '.join(names)}", "pick one with --cluster NAME")
+        name = names[0]
+    st = cluster.load(name)
+    if st is None:
+        raise TilewiseError(f"no running cluster named {name!r}", f"recorded: {', '.join(names) or 'none'}")
+    out = []
+    for m in st.members:
+        if m.get("role") != "worker" or not m.get("pid"):
+            continue
+        pid = int(m["pid"])
+        if not _same_process(pid, m.get("create_time")):
+            continue
+        cpus = (m.get("binding") or {}).get("cpus")
+        out.append((f"{name}/{m.get('instance')}", pid, tuple(cpus) if cpus else None))
+    if not out:
+        raise TilewiseError(f"cluster {name!r} has no running worker instance", "check `tilewise status`")
+    return out
+
+
+def _same_process(pid: int, create_time) -> bool:
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        return create_time is None or abs(p.create_time() - float(create_time)) < 0.05
+    except Exception:  # noqa: BLE001 - gone, or not ours to see
+        return False
+
+
+class _LogSink:
+    """JSON lines, opened before the first tick (a bad path fails early), flushed per line."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.f = None
+
+    def __enter__(self):
+        if self.path:
+            try:
+                self.f = open(self.path, "w")
+            except OSError as e:
+                raise UsageError(f"cannot write --log {self.path}: {e.strerror}") from None
+            self.f.write(json.dumps({"event": "log", "format": "tilewise-elastic", "version": 1}) + "\n")
+        return self
+
+    def __call__(self, rec: dict) -> None:
+        if self.f:
+            self.f.write(json.dumps(rec) + "\n")
+            self.f.flush()
+
+    def __exit__(self, *exc):
+        if self.f:
+            self.f.close()
+
+
+def _summary(recs: list[dict], base: dict) -> dict:
+    ticks = [r for r in recs if not r.get("event")]
+    counts: dict[str, int] = {}
+    for r in ticks:
+        for tr in r["transitions"]:
+            counts[tr] = counts.get(tr, 0) + 1
+    n = [r["n_alloc"] for r in ticks]
+    s = dict(base)
+    s.update({
+        "ticks": len(ticks),
+        "allocations": sum(1 for r in ticks if r["action"] == "allocate"),
+        "releases": sum(1 for r in ticks if r["action"] == "release"),
+        "firings": dict(sorted(counts.items())),
+        "cores": {"min": min(n) if n else 1, "max": max(n) if n else 1, "mean": round(sum(n) / len(n), 3) if n else 1,
+                  "final": n[-1] if n else 1},
+        "load_mean": round(sum(r["u"] for r in ticks) / len(ticks), 3) if ticks else None,
+    })
+    return s
+
+
+def _report(summary: dict, recs, as_json: bool, quiet: bool, show_stats: bool, d) -> None:
+    if as_json:
+        emit_json(summary)
+        return
+    out = console()
+    src = summary.get("source") or ", ".join(summary.get("target", []))
+    out.print(f"[bold]elastic[/bold] {src}: {summary['ticks']} ticks, {summary['allocations']} allocations, "
+              f"{summary['releases']} releases; cores min {summary['cores']['min']} / mean {summary['cores']['mean']} / "
+              f"max {summary['cores']['max']} / final {summary['cores']['final']}")
+    out.print("firings: " + (", ".join(f"{k}x{v}" for k, v in summary["firings"].items()) or "none"), markup=False)
+    if summary.get("stop_reason"):
+        restored = "restored" if summary.get("restored") else "restore had problems"
+        what = "nothing changed (dry run)" if summary.get("dry_run") else f"original CPUs {restored}, own cgroup removed"
+        out.print(f"stopped: {summary['stop_reason']}; {what}", markup=False)
+    for p in summary.get("problems", []):
+        out.print(f"problem: {p}", markup=False)
+    if show_stats and summary.get("stats"):
+        st = summary["stats"]
+        tc = st["tick_cpu_ms"]
+        total = (f"; daemon {st['daemon_cpu_s']} s CPU over {st['wall_s']} s = {st['daemon_cpu_pct_of_core']} % of one core"
+                 if st.get("wall_s") else " (simulated: decision only, no /proc reads or enforcement)")
+        out.print(f"controller cost: {st['ticks']} ticks, CPU per tick mean {tc['mean']} ms, median {tc['median']} ms, "
+                  f"p99 {tc['p99']} ms, max {tc['max']} ms" + total, markup=False)
+    if summary.get("log"):
+        out.print(f"log: {summary['log']} (draw it: tilewise elastic --replay {summary['log']} --plot elastic.png)", markup=False)
+
+
+def read_log(path: str) -> list[dict]:
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    recs = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            raise UsageError(f"{path}:{i}: not a JSON line (is it an elastic --log file?)") from None
+    head = recs[0] if recs else {}
+    if head.get("format") != "tilewise-elastic":
+        raise UsageError(f"{path} is not a tilewise elastic log (first line has no format tilewise-elastic)")
+    if head.get("version") != 1:
+        raise UsageError(f"{path}: elastic log version {head.get('version')!r} is not supported (expected 1)")
+    return recs[1:]
+
+
+def _replay(path: str, plot_path: str | None, as_json: bool) -> None:
+    recs = read_log(path)
+    summary = _summary(recs, {"source": path})
+    end = next((r for r in recs if r.get("event") == "end"), None)
+    if end:
+        summary["stats"] = end.get("stats")
+        summary["stop_reason"] = end.get("stop_reason")
+    if plot_path:
+        plot(recs, plot_path, title=os.path.basename(path))
+        summary["plot"] = plot_path
+    if as_json:
+        emit_json(summary)
+        return
+    _report(summary, recs, False, False, bool(end), None)
+    if plot_path:
+        console().print(f"plot: {plot_path}", markup=False)
+
+
+def plot(recs: list[dict], path: str, title: str = "") -> None:
+    """Load (left axis, %) and allocated cores (right axis) over time, per unit, as in 002's Fig. 7."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ticks = [r for r in recs if not r.get("event")]
+    if not ticks:
+        raise UsageError("the log has no ticks to draw")
+    units = sorted({r["unit"] for r in ticks})
+    fig, axes = plt.subplots(len(units), 1, figsize=(9, 3.2 * len(units)), squeeze=False)
+    for ax, name in zip(axes[:, 0], units):
+        rs = [r for r in ticks if r["unit"] == name]
+        ts = [r["t"] for r in rs]
+        ax.plot(ts, [r["u"] for r in rs], color="tab:blue", lw=1, label="load of allocated cores (%)")
+        ax.set_ylabel("CPU load (%)")
+        ax.set_ylim(0, max(105, max(r["u"] for r in rs) * 1.05))
+        ax.set_xlabel("time (s)")
+        ax2 = ax.twinx()
+        ax2.step(ts, [r["n_alloc"] for r in rs], where="post", color="tab:red", lw=1.5, label="allocated cores")
+        ax2.set_ylabel("allocated cores")
+        ax2.set_ylim(0, max(r["n_alloc"] for r in rs) + 1)
+        for r in rs:
+            if r["action"] != "none":
+                ax.annotate(",".join(r["transitions"]), (r["t"], min(r["u"], 100)), fontsize=6, alpha=0.7)
+        ax.set_title(f"{title} {name}".strip(), fontsize=9)
+        lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+        ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right", fontsize=7)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,197 @@
+"""`tilewise workload`: run one in-memory analytics workload (paper 003) under one configuration."""
+
+from __future__ import annotations
+
+import click
+
+from tilewise import allocators, topology
+from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.errors import UsageError
+
+WORKLOAD_NAMES = ("W1", "W2", "W3", "W4", "alloc")
+
+
+class Count(click.ParamType):
+    """A positive count: 1000000, 1e6, 1M, 100K, 2G (decimal multipliers)."""
+
+    name = "N"
+    MULT = {"k": 10**3, "m": 10**6, "g": 10**9}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().replace("_", "")
+        try:
+            if text and text[-1] in self.MULT:
+                n = float(text[:-1]) * self.MULT[text[-1]]
+            else:
+                n = float(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a count (e.g. 1000000, 1e6, 10M)", param, ctx)
+        if n != int(n) or n < 1:
+            self.fail(f"{value!r} must be a whole number of at least 1", param, ctx)
+        return int(n)
+
+
+COUNT = Count()
+
+
+def workload_options(f):
+    """Workload size and shape; shared by `workload` and `tune --workload`."""
+    opts = [
+        click.option("--dataset", default=None, help="W1/W2: moving-cluster (default), sequential, zipf; W3/W4: uniform."),
+        click.option("--records", type=COUNT, default=None,
+                     help="W1/W2: input records (default 10M); W3/W4: build-side rows (default 1M, probe = ratio x)."),
+        click.option("--groups", type=COUNT, default=None, help="W1/W2: group-by cardinality (default 100K)."),
+        click.option("--zipf-exponent", type=float, default=None, help="zipf dataset exponent (default 0.5)."),
+        click.option("--ratio", type=int, default=None, help="W3/W4: probe rows per build row (default 16)."),
+        click.option("--ops", type=COUNT, default=None, help="alloc: operations per thread (default 5M)."),
+        click.option("--slots", type=COUNT, default=None, help="alloc: live-block slots per thread (default 200K)."),
+        click.option("--threads", "-t", type=int, default=None, help="Worker threads (default: the CPUs allowed)."),
+        click.option("--seed", type=int, default=None, help="Dataset seed (default 42)."),
+        click.option("--paper-scale", is_flag=True, help="The paper's sizes: 100M/1M (W1, W2), 16M x 256M (W3, W4), 100M ops (alloc)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def make_params(workload, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale):
+    from tilewise.tune import workloads as wl
+
+    if paper_scale:
+        scale = wl.PAPER_SCALE[workload]
+        records = records if records is not None else scale.get("records")
+        groups = groups if groups is not None else scale.get("groups")
+        ops = ops if ops is not None else scale.get("ops")
+    p = wl.Params(dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed)
+    wl.validate(workload, p)
+    return p
+
+
+def os_options(f):
+    opts = [
+        click.option("--apply-os", is_flag=True, help="Change OS switches for the run (root; always restored, journaled)."),
+        click.option("--thp", default=None, metavar="MODE", help="THP during the run: always, madvise, never (needs --apply-os)."),
+        click.option("--autonuma", default=None, metavar="on|off", help="AutoNUMA during the run (needs --apply-os)."),
+        click.option("--os-root", default="/", hidden=True, help="Root directory for sysfs/procfs (tests)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@click.command("workload")
+@click.argument("name", metavar="W1|W2|W3|W4|alloc")
+@workload_options
+@click.option("--allocator", default=None, help=f"Preload an allocator: {', '.join(allocators.names())} (system = ptmalloc).")
+@click.option("--mem", default=None, metavar="POLICY",
+              help="first-touch (default), interleave[:NODES], local, preferred[:N], membind[:NODES].")
+@click.option("--placement", type=click.Choice(["none", "sparse", "dense"]), default=None,
+              help="Thread placement inside the process (default none: the OS schedules).")
+@click.option("--config", "config_path", metavar="FILE", help="A configuration written by `tilewise tune` (flags win).")
+@os_options
+@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds before the run is stopped.")
+@click.option("--dry-run", is_flag=True, help="Print the command, binding and per-thread CPUs; run nothing.")
+@topology_option
+@json_option
+def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale,
+                 allocator, mem, placement, config_path, apply_os, thp, autonuma, os_root, timeout, dry_run,
+                 topology_src, as_json):
+    """Run one workload (W1 holistic aggregation, W2 distributive aggregation, W3 hash join,
+    W4 index nested-loop join, alloc microbenchmark) with an allocator, memory policy and thread
+    placement; print its result (time, max RSS, checksum)."""
+    from tilewise.tune import knobs, workloads as wl
+    from tilewise.tune.os_switches import OsSwitches
+
+    w = wl.canonical(name)
+    p = make_params(w, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale)
+    if topology_src and not dry_run:
+        raise UsageError("--topology is for --dry-run only: workloads run on this machine", "add --dry-run, or drop --topology")
+    t = topology.load(topology_src)
+    base = knobs.load_config(config_path).config if config_path else knobs.Config()
+    alloc = allocators.get(allocator).name if allocator else base.allocator
+    if mem:
+        mpol, mnodes = knobs.parse_mem(mem, t)
+    else:
+        mpol, mnodes = base.mem, base.mem_nodes
+    cfg = knobs.Config(alloc, mpol, mnodes, placement or base.placement,
+                       thp if thp is not None else (base.thp if apply_os else None),
+                       autonuma if autonuma is not None else (base.autonuma if apply_os else None))
+    if not apply_os and (base.thp is not None or base.autonuma is not None) and not as_json:
+        console(stderr=True).print(f"note: {config_path} also sets OS switches ({base.os_label()}); "
+                                   "they are applied only with --apply-os (as root)", markup=False)
+    sw = OsSwitches(os_root)
+    desired = cfg.os_desired()
+    if desired and not apply_os:
+        raise UsageError("--thp/--autonuma change the OS and need --apply-os (as root)")
+    state = sw.state()
+    import os
+
+    allowed = None if topology_src else set(os.sched_getaffinity(0))
+    pin = knobs.thread_order(t, cfg.placement, p.threads or len(allowed or t.pus), allowed)
+    if dry_run:
+        argv = wl.argv(w, p, pin)
+        doc = {"workload": w, "argv": argv, "config": cfg.to_json(), "pin": pin,
+               "reproduce": cfg.reproduce_env(argv), "os_switches": {k: v.to_json() for k, v in state.items()}}
+        if as_json:
+            emit_json(doc)
+        else:
+            out = console()
+            out.print(f"{w}: {wl.DESCRIPTIONS[w]}", markup=False)
+            out.print(f"config: {cfg.label()}", markup=False)
+            out.print(f"thread CPUs: {pin if pin else 'none (OS schedules)'}", markup=False)
+            out.print(f"command: {cfg.reproduce_env(argv)}", markup=False)
+        return
+    ctx = sw.applied(desired) if apply_os else _null()
+    with ctx as changes:
+        run_state = sw.state()
+        r = wl.run_workload(w, p, cfg, t, timeout=timeout)
+    doc = {"workload": w, "config": cfg.to_json(), "label": cfg.label(), "params": p.to_json(),
+           "result": r.result, "wall_s": r.wall_s, "allocator_verified": r.allocator_verified,
+           "verification": r.verification,
+           "os_switches": {k: v.to_json() for k, v in run_state.items()},
+           "os_changed": [c.to_json() for c in changes], "os_restored": bool(changes)}
+    if as_json:
+        emit_json(doc)
+        return
+    print_result(doc, run_state)
+
+
+class _null:
+    def __enter__(self):
+        return []
+
+    def __exit__(self, *exc):
+        return False
+
+
+def fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_result(doc: dict, state: dict) -> None:
+    from tilewise.tune import workloads as wl
+
+    out = console()
+    r = doc["result"]
+    w = doc["workload"]
+    out.print(f"[bold]{w}[/bold] {wl.DESCRIPTIONS[w]}: dataset {r.get('dataset')}, {r.get('threads')} thread(s)")
+    out.print(f"  config     {doc['label']}" + (f" (pinned to CPUs {r['pinned_cpus']})" if r.get("pinned_cpus") else ""),
+              markup=False)
+    out.print(f"  time       {r['time_s']:.3f} s" + (f"  (index build {r['build_s']:.3f} s, reported apart)" if w == "W4" else "")
+              + (f"  (build {r['build_s']:.3f} s, probe {r['probe_s']:.3f} s)" if w == "W3" else ""), markup=False)
+    out.print(f"  max RSS    {fmt_bytes(r['max_rss_bytes'])}", markup=False)
+    if w == "alloc":
+        out.print(f"  overhead   {r['memory_overhead']:.2f} x (max RSS / {fmt_bytes(r['requested_peak_bytes'])} requested at peak)",
+                  markup=False)
+    else:
+        out.print(f"  result     {r.get('result_rows')} rows, checksum {r['checksum']}", markup=False)
+    alloc = {True: "verified in /proc/PID/maps", False: "NOT in use", None: "not checked"}[doc["allocator_verified"]]
+    out.print(f"  allocator  {doc['config']['allocator']}: {alloc}", markup=False)
+    os_line = ", ".join(f"{k} {v.shown}" for k, v in state.items())
+    out.print(f"  OS         {os_line}" + (" (changed for this run, restored)" if doc["os_restored"] else ""), markup=False)

@@ -1,0 +1,252 @@
+"""DuckDB engine: one bound worker process per plan instance (engines/duckdb_worker.py).
+
+Each worker is started through tilewise.launch with its instance's Binding (CPU affinity, memory
+policy, allocator), verified from /proc, then loads the Parquet tables into its own in-memory tables
+(so first-touch places them in its local memory) and runs with threads = its CPU count. WIM is one
+worker with every core.
+
+Routing: run_query(instance=None) sends the query to the instance with the fewest queries in flight
+(lowest id on ties). A single stream therefore always runs whole queries on instance 0; S concurrent
+streams spread over the instances (throughput mode), and several streams on one instance run
+concurrently there, like concurrent clients of one server.
+
+A worker that dies is detected by end-of-file on its pipe (a reader thread per worker) and reported
+with its exit status; every waiting query fails at once instead of hanging.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tilewise import launch
+from tilewise.engines.base import Engine, InstanceStatus, QueryResult
+from tilewise.engines.duckdb_worker import read_msg, write_msg
+from tilewise.errors import TilewiseError
+from tilewise.plan import Plan
+
+
+class InstanceDied(TilewiseError):
+    pass
+
+
+@dataclass
+class _Pending:
+    event: threading.Event = field(default_factory=threading.Event)
+    reply: dict | None = None
+
+
+@dataclass
+class _Worker:
+    id: int
+    started: launch.Started
+    fd_to: int
+    fd_from: int
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+    pending: dict = field(default_factory=dict)
+    inflight: int = 0
+    dead: str = ""
+    reader: threading.Thread | None = None
+
+
+def engine_version() -> str:
+    import duckdb
+
+    return duckdb.__version__
+
+
+class DuckDBEngine(Engine):
+    name = "duckdb"
+
+    def __init__(self) -> None:
+        self._sup = launch.Supervisor()
+        self._workers: list[_Worker] = []
+        self._route = threading.Lock()
+        self._ids = itertools.count(1)
+        self._stopped = False
+        self.load_s: dict[int, float] = {}
+        self.version = engine_version()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self, plan: Plan, *, data_dir: Path, allocator: str = "system") -> None:
+        from tilewise.bench.tpch_data import table_paths
+
+        tables = {k: str(v) for k, v in table_paths(Path(data_dir)).items()}
+        missing = [p for p in tables.values() if not os.path.exists(p)]
+        if missing:
+            raise TilewiseError(f"TPC-H data missing in {data_dir}: {', '.join(missing)}")
+        try:
+            for inst in plan.instances:
+                b = launch.Binding.from_instance(inst, allocator)
+                p2c_r, p2c_w = os.pipe()
+                c2p_r, c2p_w = os.pipe()
+                argv = [sys.executable, "-m", "tilewise.engines.duckdb_worker", str(p2c_r), str(c2p_w)]
+                try:
+                    st = self._sup.start(f"duckdb instance {inst.id}", argv, b, pass_fds=(p2c_r, c2p_w),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                except BaseException:
+                    for fd in (p2c_w, c2p_r):
+                        os.close(fd)
+                    raise
+                finally:
+                    os.close(p2c_r)
+                    os.close(c2p_w)
+                w = _Worker(inst.id, st, p2c_w, c2p_r)
+                w.reader = threading.Thread(target=self._read_loop, args=(w,), daemon=True,
+                                            name=f"duckdb-{inst.id}-reader")
+                w.reader.start()
+                self._workers.append(w)
+            # load in parallel: every worker reads its own copy into its own memory
+            waits = [(w, self._submit(w, {"op": "load", "tables": tables})) for w in self._workers]
+            for w, pend in waits:
+                reply = self._wait(w, pend, "loading the tables")
+                if not reply.get("ok"):
+                    raise TilewiseError(f"DuckDB instance {w.id} could not load the tables: {reply.get('error')}")
+                self.load_s[w.id] = reply["elapsed_s"]
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for w in self._workers:
+            try:
+                if w.started.proc.poll() is None and w.write_lock.acquire(timeout=0.1):
+                    try:
+                        write_msg(w.fd_to, {"op": "exit", "id": 0})
+                    finally:
+                        w.write_lock.release()
+            except OSError:
+                pass
+        for w in self._workers:
+            try:
+                w.started.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        self._sup.stop_all(timeout=3)  # whatever did not exit: SIGTERM, then SIGKILL, always reaped
+        for w in self._workers:
+            if w.reader is not None:
+                w.reader.join(timeout=2)  # sees EOF now that the process is gone
+            for fd in (w.fd_to, w.fd_from):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    # ---- queries ------------------------------------------------------------------------------
+    @property
+    def instances(self) -> int:
+        return len(self._workers)
+
+    def run_query(self, sql: str, *, instance: int | None = None) -> QueryResult:
+        if self._stopped:
+            raise TilewiseError("the DuckDB engine was stopped")
+        with self._route:
+            if instance is None:
+                live = [w for w in self._workers if not w.dead] or self._workers
+                w = min(live, key=lambda x: (x.inflight, x.id))
+            else:
+                w = self._by_id(instance)
+            w.inflight += 1
+        try:
+            reply = self._wait(w, self._submit(w, {"op": "query", "sql": sql}), "running a query")
+        finally:
+            with self._route:
+                w.inflight -= 1
+        if not reply.get("ok"):
+            raise TilewiseError(f"DuckDB instance {w.id} rejected the query: {reply.get('error')}")
+        return QueryResult(reply["columns"], reply["rows"], reply["elapsed_s"], w.id)
+
+    def info(self, instance: int) -> dict:
+        w = self._by_id(instance)
+        return self._wait(w, self._submit(w, {"op": "info"}), "reporting its settings")
+
+    def _by_id(self, wid: int) -> _Worker:
+        for w in self._workers:
+            if w.id == wid:
+                return w
+        raise TilewiseError(f"no DuckDB instance {wid}", f"instances are 0..{len(self._workers) - 1}")
+
+    # ---- the pipe ------------------------------------------------------------------------------
+    def _submit(self, w: _Worker, msg: dict) -> _Pending:
+        if w.dead:
+            raise self._died(w, "receiving a request")
+        rid = next(self._ids)
+        pend = _Pending()
+        w.pending[rid] = pend
+        msg["id"] = rid
+        try:
+            with w.write_lock:
+                write_msg(w.fd_to, msg)
+        except OSError:
+            w.pending.pop(rid, None)
+            raise self._died(w, "receiving a request") from None
+        return pend
+
+    def _wait(self, w: _Worker, pend: _Pending, doing: str) -> dict:
+        while not pend.event.wait(0.2):  # short waits keep Ctrl-C responsive
+            if w.dead and w.reader is not None and not w.reader.is_alive():
+                break  # submitted after the reader had drained the pending requests
+        if pend.reply is None:
+            raise self._died(w, doing)
+        return pend.reply
+
+    def _read_loop(self, w: _Worker) -> None:
+        while True:
+            try:
+                msg = read_msg(w.fd_from)
+            except OSError:
+                msg = None
+            if msg is None:
+                break
+            pend = w.pending.pop(msg.get("id"), None)
+            if pend is not None:
+                pend.reply = msg
+                pend.event.set()
+        w.dead = w.dead or self._how(w)
+        for rid in list(w.pending):
+            pend = w.pending.pop(rid, None)
+            if pend is not None:
+                pend.event.set()  # reply None: the instance is gone
+
+    def _how(self, w: _Worker) -> str:
+        try:
+            rc = w.started.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "closed its pipe"
+        if rc < 0:
+            try:
+                return f"was killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"was killed by signal {-rc}"
+        return f"exited with status {rc}"
+
+    def _died(self, w: _Worker, doing: str) -> InstanceDied:
+        how = w.dead or self._how(w)
+        if self._stopped:
+            return InstanceDied(f"DuckDB instance {w.id} was stopped while {doing}")
+        return InstanceDied(f"DuckDB instance {w.id} (pid {w.started.pid}) {how} while {doing}",
+                            "the run was stopped and every other instance shut down")
+
+    # ---- status -------------------------------------------------------------------------------
+    def status(self) -> list[InstanceStatus]:
+        out = []
+        for w in self._workers:
+            b = w.started.binding
+            rc = w.started.proc.poll()
+            if rc is None:
+                v = launch.verify(w.started.pid, b, allocator_wait_s=0.0)
+                out.append(InstanceStatus(w.id, w.started.pid, tuple(b.cpus or ()), b.mem_nodes, b.mem_policy,
+                                          v.ok, True, "; ".join(v.problems), {"verification": v.to_json()}))
+            else:
+                out.append(InstanceStatus(w.id, w.started.pid, tuple(b.cpus or ()), b.mem_nodes, b.mem_policy,
+                                          False, False, w.dead or f"exited with status {rc}"))
+        return out

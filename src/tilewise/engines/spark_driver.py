@@ -1,0 +1,100 @@
+"""The Spark driver, run as its own process: `python -m tilewise.engines.spark_driver FD`.
+
+It talks to tilewise over a dedicated socket (FD, multiprocessing.connection messages), never over
+stdout (the driver JVM logs there). Why a separate process and not a SparkSession inside tilewise:
+pyspark keeps one global SparkContext and gateway JVM per Python process; a separate process gives
+each engine start a fresh driver, and stopping is killing one process group (the driver JVM
+included), even when the driver hangs in a query whose worker died.
+
+Protocol (tuples): -> ("init", cfg) <- ("ready", info) | ("error", msg)
+                   -> ("sql", text)  <- ("ok", columns, rows, elapsed_s) | ("error", msg)
+                   -> ("stop",)      (or EOF) : stop the session and exit.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+
+def _executors(sc) -> int:
+    # getExecutorMemoryStatus counts the driver too
+    return sc._jsc.sc().getExecutorMemoryStatus().size() - 1
+
+
+def main(fd: int) -> int:
+    conn = Connection(fd)
+    try:
+        kind, cfg = conn.recv()
+    except EOFError:
+        return 0
+    spark = None
+    try:
+        from pyspark.sql import SparkSession
+
+        b = SparkSession.builder.master(cfg["master"]).appName(cfg.get("app", "tilewise"))
+        for k, v in cfg.get("conf", {}).items():
+            b = b.config(k, str(v))
+        t_start = time.monotonic()
+        spark = b.getOrCreate()
+        _log(f"session created in {time.monotonic() - t_start:.1f} s")
+        spark.sparkContext.setLogLevel(cfg.get("log_level", "WARN"))
+        want = int(cfg.get("executors", 0))
+        deadline = time.monotonic() + float(cfg.get("executor_timeout_s", 90))
+        while _executors(spark.sparkContext) < want:
+            if time.monotonic() > deadline:
+                conn.send(("error", f"only {_executors(spark.sparkContext)} of {want} executors registered "
+                                    f"within {cfg.get('executor_timeout_s', 90)} s"))
+                return 1
+            time.sleep(0.1)
+        _log(f"{want} executor(s) registered after {time.monotonic() - t_start:.1f} s")
+        for name, t in cfg.get("tables", {}).items():
+            reader = spark.read.schema(t["schema"]) if t.get("schema") else spark.read
+            reader.parquet(t["path"]).createOrReplaceTempView(name)
+        _log(f"tables registered after {time.monotonic() - t_start:.1f} s")
+        conn.send(("ready", {"executors": _executors(spark.sparkContext), "spark_version": spark.version}))
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                break
+            if msg[0] == "stop":
+                break
+            if msg[0] == "sql":
+                try:
+                    t0 = time.perf_counter()
+                    df = spark.sql(msg[1])
+                    rows = df.collect()
+                    elapsed = time.perf_counter() - t0
+                    conn.send(("ok", list(df.columns), [tuple(r) for r in rows], elapsed))
+                except Exception as e:  # the query failed: report it, keep serving
+                    conn.send(("error", _one_line(e)))
+        return 0
+    except Exception as e:
+        try:
+            conn.send(("error", _one_line(e)))
+        except OSError:
+            pass
+        traceback.print_exc()
+        return 1
+    finally:
+        if spark is not None:
+            try:
+                spark.stop()
+            except Exception:
+                pass
+
+
+def _log(msg: str) -> None:
+    print(f"tilewise driver: {msg}", file=sys.stderr, flush=True)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:1500]}"
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1])))

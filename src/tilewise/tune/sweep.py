@@ -1,0 +1,300 @@
+"""The tuner's search: an exhaustive grid over the knobs, repeated, interleaved.
+
+Search strategy: a full grid (allocators x memory policies x placements x OS switch states). The
+space of paper 003 is small (5 x 5 x 3 x 6) and its effects interact (tbbmalloc helps most with
+interleave), so a greedy one-knob-at-a-time search can miss the winner; the grid is exhaustive and
+its cost is chosen by the user through the lists. Runs are interleaved (repeat r runs every case
+once before repeat r+1) so a drift of the machine spreads over all cases instead of biasing one.
+OS switch states are the outer loop: each state is applied once (journaled), all its cases run,
+then it is restored.
+
+The default configuration (system allocator, first-touch, no placement, OS untouched) is always in
+the grid: the speedup is reported against it.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+from tilewise.environment import capture
+from tilewise.errors import TilewiseError, UsageError
+from tilewise.tune.knobs import Config
+
+RESULTS_FORMAT = "tilewise-tune-results"
+RESULTS_VERSION = 1
+UNSTABLE_SPREAD = 0.10  # (max - min) / median above this: warn
+
+
+def build_grid(allocs: list[str], mems: list[tuple[str, tuple[int, ...]]], placements: list[str],
+               thps: list[str] | None = None, autonumas: list[str] | None = None) -> list[Config]:
+    """Every combination, default first, no duplicates, in a stable order."""
+    grid = [Config()]
+    for thp, an in itertools.product(thps or [None], autonumas or [None]):
+        for a, (m, nodes), p in itertools.product(allocs, mems, placements):
+            c = Config(a, m, nodes, p, thp, an)
+            if c not in grid:
+                grid.append(c)
+    return grid
+
+
+@dataclass
+class Case:
+    index: int
+    config: Config
+    times: list[float] = field(default_factory=list)
+    runs: list[dict] = field(default_factory=list)  # raw per-run records
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.times) if self.times else None
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the measured runs."""
+        if len(self.times) < 2 or not self.median:
+            return 0.0 if self.times else None
+        return (max(self.times) - min(self.times)) / self.median
+
+    def summary(self) -> dict:
+        return {"case": self.index, "label": self.config.label(), "config": self.config.to_json(),
+                "runs": len(self.times), "failures": self.failures, "median_s": self.median,
+                "min_s": min(self.times) if self.times else None, "max_s": max(self.times) if self.times else None,
+                "spread": self.spread}
+
+
+@dataclass
+class Sweep:
+    cases: list[Case]
+    repeat: int
+    warmup: int
+    interrupted: bool = False
+
+    @property
+    def default(self) -> Case:
+        return next(c for c in self.cases if c.config == Config())
+
+    def best(self) -> Case | None:
+        ok = [c for c in self.cases if c.times and not c.failures]
+        return min(ok, key=lambda c: (c.median, c.index)) if ok else None
+
+    def speedup(self) -> float | None:
+        b, d = self.best(), self.default
+        if b is None or not d.times or not b.median:
+            return None
+        return d.median / b.median
+
+    def warnings(self) -> list[str]:
+        out = []
+        unstable = [c for c in self.cases if c.spread is not None and c.spread > UNSTABLE_SPREAD]
+        if unstable:
+            worst = max(unstable, key=lambda c: c.spread)
+            out.append(f"{len(unstable)} configuration(s) vary by more than {UNSTABLE_SPREAD:.0%} between runs "
+                       f"(worst {worst.config.label()}: {worst.spread:.0%}): use more --repeat and a quiet machine")
+        failed = [c for c in self.cases if c.failures]
+        for c in failed:
+            out.append(f"{c.config.label()} failed: {c.failures[0]}")
+        sums = {r.get("checksum") for c in self.cases for r in c.runs if r.get("checksum") is not None}
+        if len(sums) > 1:
+            out.append(f"the result checksums differ between configurations ({len(sums)} values): a configuration changed the answer")
+        b = self.best()
+        if b is not None and b.config != Config() and self.default.times and len(self.default.times) > 1:
+            # does the winner beat the default by more than the noise?
+            if max(b.times) >= min(self.default.times):
+                out.append("the winner's runs overlap the default's: the difference may be noise")
+        return out
+
+
+Runner = Callable[[Config], tuple[float, dict]]
+
+
+def run_sweep(grid: list[Config], runner: Runner, *, repeat: int = 3, warmup: int = 0,
+              os_apply: Callable[[dict], object] | None = None,
+              progress: Callable[[str], None] | None = None,
+              after_run: Callable[[Sweep], None] | None = None) -> Sweep:
+    """Run every config `repeat` times (interleaved); a failing run is recorded, not fatal.
+
+    os_apply(desired) returns a context manager that applies OS switches for its block (and
+    restores them); it is only called for configs that change OS switches.
+    """
+    if repeat < 1:
+        raise UsageError("--repeat must be at least 1")
+    if warmup < 0:
+        raise UsageError("--warmup cannot be negative")
+    cases = [Case(i, c) for i, c in enumerate(grid)]
+    sw = Sweep(cases, repeat, warmup)
+    groups: dict[tuple, list[Case]] = {}
+    for c in cases:
+        groups.setdefault(tuple(sorted(c.config.os_desired().items())), []).append(c)
+    total = len(cases) * repeat
+    done = 0
+    try:
+        for key, members in groups.items():
+            desired = dict(key)
+            if desired and os_apply is None:
+                raise UsageError("the grid changes OS switches but --apply-os was not given")
+            ctx = os_apply(desired) if desired else nullcontext()
+            with ctx:
+                for _ in range(warmup):
+                    for c in members:
+                        _one(c, runner, record=False)
+                for r in range(repeat):
+                    for c in members:
+                        _one(c, runner, record=True, repeat_index=r)
+                        done += 1
+                        if progress:
+                            last = f"{c.times[-1]:.3f} s" if c.runs and c.runs[-1].get("status") == "ok" else "failed"
+                            progress(f"[{done}/{total}] {c.config.label()}: {last}")
+                        if after_run:
+                            after_run(sw)
+    except BaseException:  # Ctrl-C, SIGTERM: keep what was measured, marked as interrupted
+        sw.interrupted = True
+        if after_run:
+            try:
+                after_run(sw)
+            except Exception:  # noqa: BLE001 - the original exception matters more
+                pass
+        raise
+    return sw
+
+
+def _one(c: Case, runner: Runner, *, record: bool, repeat_index: int = 0) -> None:
+    try:
+        t, extra = runner(c.config)
+    except TilewiseError as e:
+        if record:
+            c.failures.append(str(e))
+            c.runs.append({"repeat": repeat_index, "status": "failed", "error": str(e)})
+        return
+    if record:
+        c.times.append(t)
+        c.runs.append({"repeat": repeat_index, "status": "ok", "time_s": t, **extra})
+
+
+# ---- outputs ---------------------------------------------------------------------------------------
+
+def environment(topo, os_state: dict) -> dict:
+    from tilewise import allocators
+
+    return capture(topo, os_switches={k: v.to_json() for k, v in os_state.items()},
+                   allocators=allocators.available())
+
+
+def results_doc(sw: Sweep, target: dict, env: dict, grid_spec: dict) -> dict:
+    best = sw.best()
+    return {"format": RESULTS_FORMAT, "version": RESULTS_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "search": "grid", "target": target, "environment": env, "grid": grid_spec,
+            "repeat": sw.repeat, "warmup": sw.warmup, "interrupted": sw.interrupted,
+            "cases": [dict(c.summary(), raw=c.runs) for c in sw.cases],
+            "default": sw.default.summary(),
+            "best": best.summary() if best else None,
+            "speedup_over_default": sw.speedup(),
+            "warnings": sw.warnings()}
+
+
+def load_results(path: str) -> dict:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"cannot read results {path}: {e}") from None
+    if doc.get("format") != RESULTS_FORMAT or doc.get("version") != RESULTS_VERSION:
+        raise UsageError(f"{path}: unknown results format/version {doc.get('format')!r} {doc.get('version')!r}",
+                         f"this tilewise reads {RESULTS_FORMAT} version {RESULTS_VERSION}")
+    return doc
+
+
+CSV_FIELDS = ["case", "label", "allocator", "mem", "mem_nodes", "placement", "thp", "autonuma", "repeat",
+              "status", "time_s", "max_rss_bytes", "memory_overhead", "checksum", "error"]
+
+
+def write_outputs(out_dir: str, doc: dict) -> dict[str, str]:
+    """results.json and results.csv (rewritten after every run, so a late failure loses nothing)."""
+    paths = {"json": os.path.join(out_dir, "results.json"), "csv": os.path.join(out_dir, "results.csv")}
+    _atomic_write(paths["json"], json.dumps(doc, indent=2) + "\n")
+    rows = []
+    for c in doc["cases"]:
+        cfg = c["config"]
+        for r in c["raw"]:
+            res = r.get("result", {}) if isinstance(r.get("result"), dict) else {}
+            rows.append({"case": c["case"], "label": c["label"], "allocator": cfg["allocator"], "mem": cfg["mem"],
+                         "mem_nodes": ",".join(map(str, cfg["mem_nodes"])), "placement": cfg["placement"],
+                         "thp": cfg["thp"] or "", "autonuma": cfg["autonuma"] or "", "repeat": r["repeat"],
+                         "status": r["status"], "time_s": r.get("time_s", ""),
+                         "max_rss_bytes": res.get("max_rss_bytes", r.get("max_rss_bytes", "")),
+                         "memory_overhead": r.get("memory_overhead") or "",
+                         "checksum": r.get("checksum", ""), "error": r.get("error", "")})
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    _atomic_write(paths["csv"], buf.getvalue())
+    return paths
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def plot(doc: dict, path: str) -> str | None:
+    """Runtime per allocator x memory policy (bars: median, whiskers: min-max), like Fig. 6 of
+    paper 003; one panel per placement/OS state. Returns None when nothing was measured."""
+    cases = [c for c in doc["cases"] if c["median_s"] is not None]
+    if not cases:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: dict[str, list[dict]] = {}
+    for c in cases:
+        cfg = c["config"]
+        os_part = ",".join(x for x in (f"thp={cfg['thp']}" if cfg["thp"] else "",
+                                       f"autonuma={cfg['autonuma']}" if cfg["autonuma"] else "") if x)
+        panels.setdefault(f"placement {cfg['placement']}" + (f", {os_part}" if os_part else ""), []).append(c)
+    n = len(panels)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 3.2 * n), squeeze=False)
+    target = doc.get("target", {})
+    title = target.get("workload") or " ".join(target.get("command", []))[:60] or "command"
+    for ax, (name, cs) in zip(axes[:, 0], panels.items()):
+        allocs = list(dict.fromkeys(c["config"]["allocator"] for c in cs))
+        mems = list(dict.fromkeys(c["label"].split("/")[1] for c in cs))
+        width = 0.8 / max(1, len(mems))
+        for j, m in enumerate(mems):
+            xs, ys, lo, hi = [], [], [], []
+            for i, a in enumerate(allocs):
+                hit = [c for c in cs if c["config"]["allocator"] == a and c["label"].split("/")[1] == m]
+                if hit:
+                    c = hit[0]
+                    xs.append(i + (j - (len(mems) - 1) / 2) * width)
+                    ys.append(c["median_s"])
+                    lo.append(c["median_s"] - c["min_s"])
+                    hi.append(c["max_s"] - c["median_s"])
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=m)
+        ax.set_xticks(range(len(allocs)))
+        ax.set_xticklabels(allocs)
+        ax.set_ylabel("runtime (s), median")
+        ax.set_title(f"{title}: {name}", fontsize=10)
+        ax.legend(title="memory policy", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,32 @@
+"""`tilewise bench elastic` end to end at a tiny scale (SF 0.01, 1 s per case)."""
+
+import json
+import os
+
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_bench_elastic_tiny(tmp_path):
+    out = tmp_path / "out"
+    cp = run_cli("bench", "elastic", "--sf", "0.01", "--clients", "2", "--duration", "1", "--workloads", "q6",
+                 "--configs", "os,adaptive", "--out", str(out), "--data-dir", str(tmp_path / "data"), "--json",
+                 env={"TILEWISE_STATE_DIR": str(tmp_path / "state")}, timeout=240)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["format"] == "tilewise-elastic-bench/1"
+    os_case, el = doc["cases"]
+    assert os_case["config"] == "os" and el["config"] == "adaptive"
+    for c in (os_case, el):
+        assert c["queries_done"] > 0 and c["cpu_s"] > 0 and c["latency_ms"]["p50"] > 0
+        assert list(c["per_query_ms"]) == ["6"]
+    assert el["daemon"]["ticks"] >= 5 and 1 <= el["cores_mean"] <= el["cores_total"]
+    assert os_case["cores_mean"] == os_case["cores_total"]
+    assert (out / "elastic.png").stat().st_size > 1000
+    log = (out / "logs" / "q6-adaptive.jsonl").read_text().splitlines()
+    assert json.loads(log[0])["format"] == "tilewise-elastic"
+    assert not list((tmp_path / "state" / "elastic").glob("*.json"))  # restored, journal gone
+    assert not [g for g in os.listdir("/sys/fs/cgroup/cpuset") if g.startswith("tilewise-elastic-")] \
+        if os.path.isdir("/sys/fs/cgroup/cpuset") else True

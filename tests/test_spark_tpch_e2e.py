@@ -1,0 +1,43 @@
+"""End to end through the real harness: `tilewise bench tpch --engine spark` at SF 0.01, all 22
+queries, every answer validated against the independent reference engine."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+
+from conftest import run_cli
+from tilewise.bench import tpch_data
+
+pytestmark = pytest.mark.spark
+
+
+def test_bench_tpch_spark_all_22_validated(tmp_path):
+    data = tmp_path / "data"
+    tpch_data.ensure_data(0.01, data)
+    out = tmp_path / "res"
+    cp = run_cli("bench", "tpch", "--engine", "spark", "--sf", "0.01", "--policies", "wim", "--runs", "1",
+                 "--no-warmup", "--no-plots", "--out", str(out), "--data-dir", str(data), "--json", timeout=600,
+                 env={"TILEWISE_TEST_TAG": str(tmp_path)})
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    doc = json.loads(cp.stdout)
+    assert doc["engine"] == "spark"
+    pol = doc["policies"]["wim"]
+    assert pol["complete"] is True
+    assert sorted(pol["queries"]) == sorted(f"q{n}" for n in range(1, 23))
+    for name, q in pol["queries"].items():
+        assert q["valid"] is True, (name, q)
+        assert len(q["times_s"]) == 1 and q["times_s"][0] > 0
+    inst = pol["instances"][0]
+    assert inst["binding_verified"] is True and inst["healthy"] is True
+    # nothing the run started is left (every child inherited TILEWISE_TEST_TAG)
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("TILEWISE_TEST_TAG") == str(tmp_path) and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except psutil.Error:
+            continue
+    assert not left, [p.cmdline()[:3] for p in left]

@@ -1,0 +1,67 @@
+"""results.json summary, CSV, format check, table rendering (no engine involved)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from tilewise.bench import results as R
+from tilewise.bench import tpch
+from tilewise.errors import UsageError
+
+
+def _doc():
+    def q(times, valid=True):
+        return {"times_s": times, "rows": 1, "valid": valid, **R.query_stats(times)}
+
+    return {
+        "format": R.FORMAT, "engine": "duckdb", "sf": 0.01, "streams": 1, "runs": 2,
+        "policies": {
+            "wim": {"policy": "wim", "instances": [{"cpus": [0, 1], "mem_nodes": [0]}], "run_wall_s": [3.0, 5.0],
+                    "queries": {"q1": q([2.0, 2.0]), "q6": q([1.0, 1.0])}, "complete": True},
+            "wic": {"policy": "wic", "instances": [{"cpus": [0], "mem_nodes": [0]}, {"cpus": [1], "mem_nodes": [0]}],
+                    "run_wall_s": [2.0, 2.0], "queries": {"q1": q([1.0, 1.0]), "q6": q([0.25, 0.25], valid=False)},
+                    "complete": True},
+        },
+    }
+
+
+def test_summary_baseline_is_first_policy():
+    s = R.summarise(_doc())
+    assert s["wim"]["total_s"] == 4.0 and s["wim"]["geomean_speedup_vs_baseline"] == pytest.approx(1.0)
+    assert s["wic"]["geomean_speedup_vs_baseline"] == pytest.approx((2.0 * 4.0) ** 0.5)
+    assert s["wic"]["throughput_speedup_vs_baseline"] == pytest.approx(2.0)
+    assert s["wim"]["valid"] is True and s["wic"]["valid"] is False
+
+
+def test_writer_files_and_format_check(tmp_path):
+    w = R.ResultsWriter(tmp_path / "out", plots=False)
+    doc = _doc()
+    w.write(doc)
+    back = R.load(tmp_path / "out")
+    assert back["summary"]["wic"]["total_s"] == 2.0
+    rows = (tmp_path / "out" / "results.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 2 * 2 and rows[1].startswith("wim,q1,1,2.000000")
+    (tmp_path / "old.json").write_text(json.dumps({"format": "tilewise-tpch-results/0"}))
+    with pytest.raises(UsageError, match="result format"):
+        R.load(tmp_path / "old.json")
+
+
+def test_table_marks_wrong_answers():
+    from rich.console import Console
+
+    buf = io.StringIO()
+    doc = _doc()
+    doc["summary"] = R.summarise(doc)
+    R.render(doc, Console(file=buf, width=120, no_color=True))
+    text = buf.getvalue()
+    assert "WRONG" in text and "wim" in text and "4.000" in text
+
+
+def test_policy_list_parsing():
+    assert tpch.parse_policies("wim, wic,n=4") == [("wim", "wim", None), ("wic", "wic", None), ("n=4", "n", 4)]
+    for bad in ("", "wim,wim", "n=x"):
+        with pytest.raises(UsageError):
+            tpch.parse_policies(bad)
