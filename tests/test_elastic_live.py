@@ -148,6 +148,8 @@ def test_sigterm_restores_and_removes(burner, state_dir, tmp_path):
     assert summary["stop_reason"] == "stopped by signal" and summary["restored"]
     end = json.loads(log.read_text().splitlines()[-1])
     assert end["event"] == "end"
+    replay = run_cli("elastic", "--replay", str(log), check=True).stdout
+    assert "stopped by signal; original CPUs restored" in " ".join(replay.split())
 
 
 def test_vanished_target_ends_the_daemon_cleanly(tmp_path):

@@ -167,4 +167,4 @@ def test_unwritable_out_fails_before_running(tmp_path, data_root):
     blocker.write_text("x")
     cp = run_cli("bench", "tpch", "--sf", "0.01", "--policies", "wim", "--out", str(blocker / "sub"),
                  "--data-dir", str(data_root))
-    assert cp.returncode != 0 and cp.stderr.startswith("Error: cannot write results to")
+    assert cp.returncode != 0 and cp.stderr.startswith("Error: cannot write to --out")

@@ -88,10 +88,19 @@ inline long parse_long(const char* s, const char* what) {
 }
 
 // Pairs "a b" one per line on stdin.
+// CPU pairs from stdin ("A B" per line): at least one, two different CPUs each, all allowed here.
 inline std::vector<std::pair<int, int>> read_pairs() {
     std::vector<std::pair<int, int>> pairs;
     int a, b;
     while (std::scanf("%d %d", &a, &b) == 2) pairs.emplace_back(a, b);
+    if (pairs.empty()) die("no pairs on stdin (one \"A B\" per line)");
+    auto allowed = allowed_cpus();
+    for (auto& [x, y] : pairs) {
+        if (x == y) die("a pair needs two different CPUs (" + std::to_string(x) + ")");
+        for (int c : {x, y})
+            if (std::find(allowed.begin(), allowed.end(), c) == allowed.end())
+                die("cpu " + std::to_string(c) + " is not in this process's allowed CPUs");
+    }
     return pairs;
 }
 

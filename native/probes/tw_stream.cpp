@@ -6,6 +6,10 @@
 // kernel, so all run each kernel at the same time. Output, one line per kernel and repetition:
 // "kernel rep start_ns end_ns bytes" (CLOCK_MONOTONIC, comparable across processes), then "ok" if
 // the arrays hold the expected values. Bytes count reads + writes as STREAM does.
+// Cache-sized arrays take microseconds per kernel, less than the barrier's skew: each timed
+// repetition therefore runs the kernel --inner times back to back (default: enough passes for
+// about 64 MiB per array, at least 1), as likwid-bench does. No kernel reads its own output, so
+// repeating it leaves the values STREAM's check expects.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -34,7 +38,7 @@ TW_KERNEL k_triad(double* __restrict a, const double* __restrict b, const double
 }
 
 int main(int argc, char** argv) {
-    long elements = 0, ntimes = 10, nprocs = 1;
+    long elements = 0, ntimes = 10, nprocs = 1, inner = 0;
     std::string barrier_path;
     for (int k = 1; k < argc; ++k) {
         std::string f = argv[k];
@@ -45,15 +49,17 @@ int main(int argc, char** argv) {
         if (f == "--elements") elements = parse_long(val("--elements"), "--elements");
         else if (f == "--ntimes") ntimes = parse_long(val("--ntimes"), "--ntimes");
         else if (f == "--nprocs") nprocs = parse_long(val("--nprocs"), "--nprocs");
+        else if (f == "--inner") inner = parse_long(val("--inner"), "--inner");
         else if (f == "--barrier") barrier_path = val("--barrier");
         else if (f == "-h" || f == "--help") {
-            std::printf("usage: tw_stream --elements N [--ntimes N] [--barrier FILE --nprocs P]\n");
+            std::printf("usage: tw_stream --elements N [--ntimes N] [--inner N] [--barrier FILE --nprocs P]\n");
             return 0;
         } else die("unknown argument " + f);
     }
     if (elements < 1) die("--elements must be at least 1");
     if (ntimes < 2) die("--ntimes must be at least 2 (the first repetition is a warm-up)");
     if (nprocs < 1) die("--nprocs must be at least 1");
+    if (inner < 0) die("--inner must be at least 1");
     if (nprocs > 1 && barrier_path.empty()) die("--nprocs > 1 needs --barrier FILE");
 
     SpinBarrier* xproc = nullptr;
@@ -73,6 +79,7 @@ int main(int argc, char** argv) {
     const size_t T = cpus.size();
     const size_t n = size_t(elements);
     size_t bytes = n * sizeof(double);
+    if (inner == 0) inner = std::max<long>(1, long((64UL << 20) / bytes));
     auto alloc = [&]() {
         void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) die("cannot allocate " + std::to_string(bytes) + " bytes");
@@ -101,11 +108,13 @@ int main(int argc, char** argv) {
                 if (t == 0) xproc->wait(uint32_t(nprocs));
                 local.wait(T);
                 if (t == 0) start[r * 4 + k] = now_ns();
-                switch (k) {
-                    case 0: k_copy(c, a, lo, hi); break;
-                    case 1: k_scale(b, c, scalar, lo, hi); break;
-                    case 2: k_add(c, a, b, lo, hi); break;
-                    default: k_triad(a, b, c, scalar, lo, hi); break;
+                for (long i = 0; i < inner; ++i) {
+                    switch (k) {
+                        case 0: k_copy(c, a, lo, hi); break;
+                        case 1: k_scale(b, c, scalar, lo, hi); break;
+                        case 2: k_add(c, a, b, lo, hi); break;
+                        default: k_triad(a, b, c, scalar, lo, hi); break;
+                    }
                 }
                 local.wait(T);
                 if (t == 0) end[r * 4 + k] = now_ns();
@@ -121,7 +130,7 @@ int main(int argc, char** argv) {
     for (long r = 0; r < ntimes; ++r)
         for (int k = 0; k < 4; ++k)
             std::printf("%s %ld %llu %llu %zu\n", names[k], r, (unsigned long long)start[r * 4 + k],
-                        (unsigned long long)end[r * 4 + k], kbytes[k]);
+                        (unsigned long long)end[r * 4 + k], kbytes[k] * size_t(inner));
     // STREAM's check: replay the kernels on scalars
     double aj = 1.0, bj = 2.0, cj = 0.0;
     for (long r = 0; r < ntimes; ++r) {

@@ -356,4 +356,98 @@ inline unsigned threads_arg(const Args& a) {
     return (unsigned)t;
 }
 
+// ---- the shared set-up of the aggregation workloads (W1, W2) -----------------------------------
+struct AggRun {
+    std::string dataset;
+    uint64_t n, groups, seed;
+    double ze;
+    unsigned threads;
+    Pinning pin;
+    AggData d;
+    double gen_s;
+};
+
+// Flags, data generation (timed apart) and the dump the tests compare against.
+inline AggRun agg_setup(int argc, char** argv) {
+    Args a(argc, argv, {"dataset", "records", "groups", "zipf-exponent", "seed", "threads", "pin", "dump", "sleep-ms"});
+    AggRun r;
+    r.dataset = a.str("dataset", "moving-cluster");
+    r.n = a.u64("records", 10000000);
+    r.groups = a.u64("groups", 100000);
+    r.seed = a.u64("seed", 42);
+    r.ze = a.f64("zipf-exponent", 0.5);
+    r.threads = threads_arg(a);
+    r.pin = Pinning::parse(a.str("pin", ""));
+    startup_pause(a);
+    double t0 = now_s();
+    r.d = make_agg(r.dataset, r.n, r.groups, r.ze, r.seed, r.threads, r.pin);
+    r.gen_s = now_s() - t0;
+    dump(a.str("dump", ""), "keys.u64", r.d.keys);
+    dump(a.str("dump", ""), "vals.u64", r.d.vals);
+    return r;
+}
+
+inline void agg_fields(Json& j, const std::string& workload, const AggRun& r) {
+    common_fields(j, workload, r.dataset, r.threads, r.pin);
+    j.u("records", r.n);
+    j.u("groups", r.groups);
+    if (r.dataset == "zipf") j.d("zipf_exponent", r.ze);
+}
+
+// Lock-free linear probing over a power-of-two table whose slots have `std::atomic<uint64_t> key`
+// (EMPTY_KEY when free): the index of key k's slot, claiming a free one if k is new.
+constexpr uint64_t EMPTY_KEY = ~0ULL;
+
+inline uint64_t table_capacity(uint64_t groups) {
+    uint64_t cap = 1;
+    while (cap < 2 * groups) cap <<= 1;
+    return cap;
+}
+
+template <class Slot>
+inline uint64_t find_or_insert(std::vector<Slot>& table, uint64_t k) {
+    uint64_t mask = table.size() - 1;
+    uint64_t h = splitmix64(k) & mask;
+    for (;;) {
+        uint64_t cur = table[h].key.load(std::memory_order_acquire);
+        if (cur == k) return h;
+        if (cur == EMPTY_KEY) {
+            uint64_t expected = EMPTY_KEY;
+            if (table[h].key.compare_exchange_strong(expected, k) || expected == k) return h;
+        }
+        h = (h + 1) & mask;
+    }
+}
+
+// ---- the shared set-up of the join workloads (W3, W4) ------------------------------------------
+struct JoinRun {
+    uint64_t build, ratio, seed;
+    unsigned threads;
+    Pinning pin;
+    JoinData d;
+    double gen_s;
+};
+
+inline JoinRun join_setup(int argc, char** argv, const std::string& workload) {
+    Args a(argc, argv, {"records", "ratio", "seed", "threads", "pin", "dump", "sleep-ms", "dataset"});
+    JoinRun r;
+    r.build = a.u64("records", 1000000);
+    r.ratio = a.u64("ratio", 16);
+    r.seed = a.u64("seed", 42);
+    if (a.str("dataset", "uniform") != "uniform")
+        die(workload + " has one dataset: uniform (foreign keys uniform over R)");
+    r.threads = threads_arg(a);
+    r.pin = Pinning::parse(a.str("pin", ""));
+    startup_pause(a);
+    double t0 = now_s();
+    r.d = make_join(r.build, r.ratio, r.seed, r.threads, r.pin);
+    r.gen_s = now_s() - t0;
+    std::string dir = a.str("dump", "");
+    dump(dir, "r_keys.u64", r.d.r_keys);
+    dump(dir, "r_pay.u64", r.d.r_pay);
+    dump(dir, "s_keys.u64", r.d.s_keys);
+    dump(dir, "s_pay.u64", r.d.s_pay);
+    return r;
+}
+
 }  // namespace tw

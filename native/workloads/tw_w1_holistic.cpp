@@ -8,51 +8,27 @@
 using namespace tw;
 
 namespace {
-constexpr uint64_t EMPTY = ~0ULL;
 struct Slot {
-    std::atomic<uint64_t> key{EMPTY};
+    std::atomic<uint64_t> key{EMPTY_KEY};
     SpinLock lock;
     std::vector<uint32_t> vals;
 };
-inline uint64_t hash(uint64_t k) { return splitmix64(k); }
 }  // namespace
 
 int main(int argc, char** argv) {
-    Args a(argc, argv, {"dataset", "records", "groups", "zipf-exponent", "seed", "threads", "pin", "dump", "sleep-ms"});
-    std::string dataset = a.str("dataset", "moving-cluster");
-    uint64_t n = a.u64("records", 10000000), groups = a.u64("groups", 100000), seed = a.u64("seed", 42);
-    double ze = a.f64("zipf-exponent", 0.5);
-    unsigned threads = threads_arg(a);
-    Pinning pin = Pinning::parse(a.str("pin", ""));
-    startup_pause(a);
-
-    double t0 = now_s();
-    AggData d = make_agg(dataset, n, groups, ze, seed, threads, pin);
-    double gen_s = now_s() - t0;
-    dump(a.str("dump", ""), "keys.u64", d.keys);
-    dump(a.str("dump", ""), "vals.u64", d.vals);
+    AggRun r = agg_setup(argc, argv);
+    const AggData& d = r.d;
+    const unsigned threads = r.threads;
+    const Pinning& pin = r.pin;
 
     double t1 = now_s();
-    uint64_t cap = 1;
-    while (cap < 2 * groups) cap <<= 1;
+    uint64_t cap = table_capacity(r.groups);
     std::vector<Slot> table(cap);
     std::atomic<uint64_t> checksum{0}, found{0};
     parallel(threads, pin, [&](unsigned t) {
-        auto [lo, hi] = chunk(n, threads, t);
+        auto [lo, hi] = chunk(r.n, threads, t);
         for (uint64_t i = lo; i < hi; ++i) {
-            uint64_t k = d.keys[i];
-            uint64_t h = hash(k) & (cap - 1);
-            for (;;) {
-                uint64_t cur = table[h].key.load(std::memory_order_acquire);
-                if (cur == k) break;
-                if (cur == EMPTY) {
-                    uint64_t expected = EMPTY;
-                    if (table[h].key.compare_exchange_strong(expected, k)) break;
-                    if (expected == k) break;
-                }
-                h = (h + 1) & (cap - 1);
-            }
-            Slot& s = table[h];
+            Slot& s = table[find_or_insert(table, d.keys[i])];
             s.lock.lock();
             s.vals.push_back((uint32_t)d.vals[i]);
             s.lock.unlock();
@@ -65,7 +41,7 @@ int main(int argc, char** argv) {
         for (uint64_t i = lo; i < hi; ++i) {
             Slot& s = table[i];
             uint64_t k = s.key.load(std::memory_order_relaxed);
-            if (k == EMPTY) continue;
+            if (k == EMPTY_KEY) continue;
             auto mid = s.vals.begin() + (s.vals.size() - 1) / 2;
             std::nth_element(s.vals.begin(), mid, s.vals.end());
             sum += (k + 1) * (uint64_t)*mid;
@@ -77,15 +53,12 @@ int main(int argc, char** argv) {
     double time_s = now_s() - t1;
 
     Json j;
-    common_fields(j, "W1", dataset, threads, pin);
-    j.u("records", n);
-    j.u("groups", groups);
-    if (dataset == "zipf") j.d("zipf_exponent", ze);
+    agg_fields(j, "W1", r);
     j.u("result_rows", found.load());
     j.d("time_s", time_s);
     j.d("insert_s", build_s);
     j.d("median_s", time_s - build_s);
-    j.d("gen_s", gen_s);
+    j.d("gen_s", r.gen_s);
     j.u("checksum", checksum.load());
     finish(j);
     return 0;

@@ -113,22 +113,13 @@ struct BTree {
 }  // namespace
 
 int main(int argc, char** argv) {
-    Args a(argc, argv, {"records", "ratio", "seed", "threads", "pin", "dump", "sleep-ms", "dataset"});
-    uint64_t build = a.u64("records", 1000000), ratio = a.u64("ratio", 16), seed = a.u64("seed", 42);
-    std::string dataset = a.str("dataset", "uniform");
-    if (dataset != "uniform") die("W4 has one dataset: uniform (foreign keys uniform over R)");
-    unsigned threads = threads_arg(a);
-    Pinning pin = Pinning::parse(a.str("pin", ""));
-    startup_pause(a);
-
-    double t0 = now_s();
-    JoinData d = make_join(build, ratio, seed, threads, pin);
-    double gen_s = now_s() - t0;
-    std::string dir = a.str("dump", "");
-    dump(dir, "r_keys.u64", d.r_keys);
-    dump(dir, "r_pay.u64", d.r_pay);
-    dump(dir, "s_keys.u64", d.s_keys);
-    dump(dir, "s_pay.u64", d.s_pay);
+    JoinRun r = join_setup(argc, argv, "W4");
+    const JoinData& d = r.d;
+    const uint64_t build = r.build;
+    const unsigned threads = r.threads;
+    const Pinning& pin = r.pin;
+    const double gen_s = r.gen_s;
+    const std::string dataset = "uniform";
 
     // Index build: single-threaded inserts (the paper reports it apart from the join).
     double tb = now_s();

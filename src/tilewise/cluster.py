@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilewise.fsutil import atomic_write_json
 from tilewise import __version__
 from tilewise.engines import spark_cluster as sc
 from tilewise.errors import TilewiseError, UsageError
@@ -91,19 +92,7 @@ def state_path(name: str) -> Path:
 
 
 def save(st: ClusterState) -> None:
-    path = state_path(st.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(st.to_json(), f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic_write_json(state_path(st.name), st.to_json())
 
 
 def load(name: str) -> ClusterState | None:

@@ -12,11 +12,11 @@ import csv
 import io
 import json
 import math
-import os
 import statistics
-import tempfile
 from pathlib import Path
 
+from tilewise import fsutil
+from tilewise.fsutil import atomic_write, atomic_write_json
 from tilewise.environment import capture
 from tilewise.errors import TilewiseError, UsageError
 
@@ -88,35 +88,12 @@ def _total(p: dict) -> float | None:
 
 # ---- files ------------------------------------------------------------------------------------
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 class ResultsWriter:
     """Owns DIR: checks it before the first case, rewrites results.json/csv and plots after each."""
 
     def __init__(self, out_dir: str | Path, *, plots: bool = True) -> None:
-        self.dir = Path(out_dir)
+        self.dir = fsutil.ensure_writable_dir(out_dir)
         self.plots = plots
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            probe = self.dir / ".tilewise-write-test"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as e:
-            raise UsageError(f"cannot write results to {self.dir}: {e.strerror}", "pick another --out DIR") from None
         self.json_path = self.dir / "results.json"
         self.csv_path = self.dir / "results.csv"
         self.plot_paths: list[Path] = []
@@ -124,8 +101,8 @@ class ResultsWriter:
     def write(self, doc: dict, *, final: bool = False) -> None:
         doc["summary"] = summarise(doc)
         try:
-            _atomic_write(self.json_path, (json.dumps(doc, indent=2, default=str) + "\n").encode())
-            _atomic_write(self.csv_path, to_csv(doc).encode())
+            atomic_write_json(self.json_path, doc, default=str)
+            atomic_write(self.csv_path, to_csv(doc))
         except OSError as e:
             raise TilewiseError(f"cannot write results to {self.dir}: {e.strerror}") from None
         if self.plots:
@@ -173,10 +150,7 @@ def to_csv(doc: dict) -> str:
 # ---- plots ------------------------------------------------------------------------------------
 
 def save_figure(fig, path: Path) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    _atomic_write(Path(path), buf.getvalue())
-    return Path(path)
+    return fsutil.save_figure(fig, path, bbox_inches="tight")
 
 
 def bar_chart(path: Path, categories: list[str], series: dict[str, list[float | None]], *,

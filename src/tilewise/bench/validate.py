@@ -14,12 +14,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
+from tilewise.fsutil import atomic_write_json
 from tilewise.bench import queries as _queries
 from tilewise.errors import TilewiseError
 
@@ -181,11 +180,7 @@ class Reference:
 
     def _store(self, path: Path, doc: dict) -> None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f)
-            os.replace(tmp, path)
+            atomic_write_json(path, doc, indent=None)
         except OSError:
             pass  # a read-only data directory only costs recomputation next time
 

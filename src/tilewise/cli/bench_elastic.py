@@ -8,6 +8,7 @@ import click
 
 from tilewise.cli.common import console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
+from tilewise.fsutil import ensure_writable_dir
 
 
 @click.command("elastic")
@@ -49,13 +50,7 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
     t = topology.load(topology_src)
     if not topology.is_live(t):
         raise UsageError("bench elastic runs processes: it needs this machine's topology", "drop --topology")
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json.tmp").write_text("")
-        (out / "results.json.tmp").unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write to --out {out}: {e.strerror}") from None
+    out = ensure_writable_dir(out_dir)
     say = console(stderr=True)
     data = tpch_data.ensure_data(sf_v, data_dir)
     threads = len(__import__("os").sched_getaffinity(0))

@@ -316,6 +316,8 @@ def _replay(path: str, plot_path: str | None, as_json: bool) -> None:
     if end:
         summary["stats"] = end.get("stats")
         summary["stop_reason"] = end.get("stop_reason")
+        summary["problems"] = end.get("problems", [])
+        summary["restored"] = not summary["problems"]
     if plot_path:
         plot(recs, plot_path, title=os.path.basename(path))
         summary["plot"] = plot_path

@@ -13,6 +13,7 @@ from tilewise import allocators, topology
 from tilewise.cli.common import console, emit_json, json_option
 from tilewise.cli.workload import make_params, os_options, workload_options
 from tilewise.errors import UsageError
+from tilewise.fsutil import ensure_writable_dir
 
 
 @click.command("tune", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
@@ -88,13 +89,7 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
     if repeat < 1:
         raise UsageError("--repeat must be at least 1")
 
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        probe = os.path.join(out_dir, ".write-test")
-        open(probe, "w").close()
-        os.unlink(probe)
-    except OSError as e:
-        raise UsageError(f"cannot write to --out {out_dir}: {e.strerror or e}") from None
+    ensure_writable_dir(out_dir)
 
     state = osw.state()
     target = {"workload": w, "params": params.to_json()} if w else {"command": list(command)}

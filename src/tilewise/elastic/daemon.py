@@ -134,12 +134,19 @@ class Unit:
     def cpus(self) -> tuple[int, ...]:
         return self.pool.cpus(self.allocated)
 
-    def decide(self, u: float, pages: dict | None = None) -> petri.StepResult:
-        """The pure part of a tick: step the net with u, apply its action to the allocation."""
-        if pages is not None:
-            self.pages = dict(pages)
+    def decide(self, u: float, pages=None) -> petri.StepResult:
+        """The pure part of a tick: step the net with u, apply its action to the allocation.
+
+        pages: {node: resident pages} for the adaptive mode, or a function returning them, called
+        only when the net allocates or releases a core (reading numa_maps of a large process costs
+        milliseconds, far more than the rest of a tick).
+        """
         res = petri.step(self.cfg, self.state, min(max(u, 0.0), 100.0))
         self.state = res.state
+        if callable(pages):
+            pages = pages() if res.action else None
+        if pages is not None:
+            self.pages = dict(pages)
         if res.action > 0:
             cid = modes.choose_allocate(self.pool, self.allocated, self.mode, self.pages)
             if cid is not None:
@@ -254,7 +261,7 @@ class Daemon:
             if m is None:
                 continue
             load = m["demand"]
-            res = u.decide(load, self._pages(u, tasks, now))
+            res = u.decide(load, lambda: self._pages(u, tasks, now))
             if not self.dry_run and u.enforcer is not None:
                 probs = u.enforcer.apply(u.cpus, tasks)
                 if probs:

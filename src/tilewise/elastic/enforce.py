@@ -25,6 +25,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from tilewise.fsutil import atomic_write_json
 from tilewise import cpulist
 from tilewise.errors import TilewiseError
 
@@ -96,13 +97,7 @@ def task_cgroup(pid: int, version: int, proc: str = "/proc") -> str | None:
 # ---- the journal -------------------------------------------------------------------------------
 
 def write_journal(path: str, doc: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
+    atomic_write_json(path, doc, indent=None, mode=0o600)
 
 
 def load_journal(path: str) -> dict:

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from tilewise.fsutil import atomic_write_json, save_figure
 from tilewise import cpulist
 from tilewise.errors import TilewiseError, UsageError
 
@@ -169,18 +170,12 @@ def plot(doc: dict, path: Path) -> Path:
         row[1].legend(fontsize=7)
     fig.suptitle(f"elastic allocator, {doc['params']['clients']} clients, SF {doc['params']['sf']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
 def write_atomic(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
+    atomic_write_json(path, doc, indent=1)
 
 
 def tables_for(workload: str, data: Path) -> dict:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
 
 from tilewise.environment import capture
+from tilewise.fsutil import atomic_write, atomic_write_json, ensure_writable_dir, save_figure
 from tilewise.errors import UsageError
 
 FORMAT = "tilewise.probe/1"
@@ -34,13 +36,7 @@ class OutDir:
     def __init__(self, path: str | os.PathLike | None):
         self.path = Path(path) if path else None
         if self.path is not None:
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-                probe = self.path / ".tilewise-write-test"
-                probe.write_text("")
-                probe.unlink()
-            except OSError as e:
-                raise UsageError(f"cannot write to --out {self.path}: {e.strerror or e}") from None
+            ensure_writable_dir(self.path)
         self.written: list[str] = []
 
     def file(self, name: str) -> Path | None:
@@ -51,57 +47,32 @@ class OutDir:
             self.written.append(str(p))
 
     def write_json(self, name: str, doc: dict) -> None:
-        p = self.file(name)
-        if p is None:
-            return
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, p)
-        self._done(p)
+        if (p := self.file(name)) is not None:
+            self._done(atomic_write_json(p, doc))
 
     def write_matrix_csv(self, name: str, cpus, matrix, fmt: str = "{:.3f}") -> None:
         """First row and column are CPU numbers; empty cells are pairs that were not measured."""
-        p = self.file(name)
-        if p is None:
-            return
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        with open(tmp, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["cpu"] + list(cpus))
-            for a, row in zip(cpus, matrix):
-                w.writerow([a] + ["" if v is None else fmt.format(v) for v in row])
-        os.replace(tmp, p)
-        self._done(p)
+        rows = [[a] + ["" if v is None else fmt.format(v) for v in row] for a, row in zip(cpus, matrix)]
+        self.write_rows_csv(name, ["cpu"] + list(cpus), rows)
 
     def write_rows_csv(self, name: str, header, rows) -> None:
-        p = self.file(name)
-        if p is None:
+        if (p := self.file(name)) is None:
             return
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        with open(tmp, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            w.writerows(rows)
-        os.replace(tmp, p)
-        self._done(p)
+        buf = io.StringIO(newline="")
+        w = csv.writer(buf)
+        w.writerow(header)
+        w.writerows(rows)
+        self._done(atomic_write(p, buf.getvalue()))
 
     def plot(self, name: str, draw) -> None:
-        p = self.file(name)
-        if p is None:
+        if (p := self.file(name)) is None:
             return
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig = draw(plt)
-        tmp = p.with_name(p.stem + ".tmp" + p.suffix)
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        os.replace(tmp, p)
-        self._done(p)
+        self._done(save_figure(draw(plt), p, bbox_inches="tight"))
 
 
 def heatmap(cpus, matrix, title: str, unit: str):

@@ -12,6 +12,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
+from tilewise.fsutil import atomic_write
 from tilewise import cpulist
 from tilewise.errors import UsageError
 from tilewise.topology.build import RawNode, RawPU, build
@@ -259,9 +260,7 @@ def dumps(t: Topology) -> str:
 
 
 def save(t: Topology, path: str | os.PathLike) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(dumps(t))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, dumps(t))
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None

@@ -9,13 +9,13 @@ and `tilewise workload --config` read back.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+from tilewise.fsutil import atomic_write_json
 from tilewise import __version__, allocators, cpulist
 from tilewise.errors import UsageError
 
@@ -214,12 +214,8 @@ class TunedFile:
 
 
 def save_config(path: str, tf: TunedFile) -> None:
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump(tf.to_json(), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
+        atomic_write_json(path, tf.to_json())
     except OSError as e:
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from tilewise.fsutil import atomic_write_json
 from tilewise.errors import TilewiseError, UsageError
 
 JOURNAL_FORMAT = "tilewise-os-journal"
@@ -331,25 +331,8 @@ class Journal:
         self.save()
 
     def save(self) -> None:
-        d = os.path.dirname(self.path) or "."
         try:
-            os.makedirs(d, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".os-journal.", dir=d)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(self.to_json(), f, indent=2)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-            dfd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            atomic_write_json(self.path, self.to_json(), mode=0o600)
         except OSError as e:
             raise TilewiseError(f"cannot write the OS switch journal {self.path}: {e.strerror or e}",
                                 "nothing was changed") from None

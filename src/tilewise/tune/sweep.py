@@ -24,6 +24,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from tilewise.fsutil import atomic_write, save_figure
 from tilewise.environment import capture
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.tune.knobs import Config
@@ -244,11 +245,8 @@ def write_outputs(out_dir: str, doc: dict) -> dict[str, str]:
 
 
 def _atomic_write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
     except OSError as e:
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
@@ -295,6 +293,5 @@ def plot(doc: dict, path: str) -> str | None:
         ax.set_title(f"{title}: {name}", fontsize=10)
         ax.legend(title="memory policy", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path

@@ -116,27 +116,38 @@ def _allocator_check(cfg: Config, libs: list[str]) -> bool:
     return os.path.basename(lib) in libs
 
 
-def run_workload(workload: str, p: Params, cfg: Config, topo, *, timeout: float = 600, extra: list[str] | None = None) -> RunResult:
-    """One run of a native workload under cfg; raises TilewiseError on failure (the child is reaped)."""
-    pin = pin_for(cfg, p, topo)
-    cmd = argv(workload, p, pin, extra)
+def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str, *, capture: bool):
+    """Start cmd bound by cfg, verify the binding, wait (with a time limit), always reap.
+
+    Returns (stdout bytes or None, wall seconds, Verification); a non-zero exit is a TilewiseError
+    carrying the last lines of the command's stderr.
+    """
     b = cfg.binding()
     with tempfile.TemporaryFile() as errf:
         t0 = time.perf_counter()
-        proc = launch.spawn(cmd, b, stdout=subprocess.PIPE, stderr=errf)
+        proc = launch.spawn(cmd, b, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=errf,
+                            stdin=subprocess.DEVNULL)
         try:
             v = launch.verify(proc.pid, b, allocator_wait_s=0.2)
             try:
                 out, _ = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                raise TilewiseError(f"{workload} ran longer than {timeout:g} s and was stopped", "use smaller --records or a larger --timeout") from None
+                raise TilewiseError(f"{what} ran longer than {timeout:g} s and was stopped", hint) from None
             wall = time.perf_counter() - t0
         finally:
             launch.kill_tree(proc)
         if proc.returncode != 0:
             errf.seek(0)
             tail = errf.read().decode(errors="replace").strip().splitlines()[-3:]
-            raise TilewiseError(f"{workload} ({cfg.label()}) failed with exit code {proc.returncode}: {' / '.join(tail) or 'no message'}")
+            raise TilewiseError(f"{what} ({cfg.label()}) exited with code {proc.returncode}: {' / '.join(tail) or 'no message'}")
+    return out, wall, v
+
+
+def run_workload(workload: str, p: Params, cfg: Config, topo, *, timeout: float = 600, extra: list[str] | None = None) -> RunResult:
+    """One run of a native workload under cfg; raises TilewiseError on failure (the child is reaped)."""
+    pin = pin_for(cfg, p, topo)
+    cmd = argv(workload, p, pin, extra)
+    out, wall, v = _run_bound(cmd, cfg, workload, timeout, "use smaller --records or a larger --timeout", capture=True)
     lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip().startswith("{")]
     try:
         res = json.loads(lines[-1])
@@ -156,23 +167,7 @@ def run_command(command: list[str], cfg: Config, *, timeout: float = 600) -> Run
     if cfg.placement != "none":
         raise UsageError("thread placement inside an arbitrary command is not possible",
                          "use --placements none with `tune -- CMD` (placement needs a tilewise workload)")
-    b = cfg.binding()
-    with tempfile.TemporaryFile() as errf:
-        t0 = time.perf_counter()
-        proc = launch.spawn(command, b, stdout=subprocess.DEVNULL, stderr=errf, stdin=subprocess.DEVNULL)
-        try:
-            v = launch.verify(proc.pid, b, allocator_wait_s=0.2)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise TilewiseError(f"{command[0]} ran longer than {timeout:g} s and was stopped", "use --timeout") from None
-            wall = time.perf_counter() - t0
-        finally:
-            launch.kill_tree(proc)
-        if proc.returncode != 0:
-            errf.seek(0)
-            tail = errf.read().decode(errors="replace").strip().splitlines()[-3:]
-            raise TilewiseError(f"{command[0]} ({cfg.label()}) exited with {proc.returncode}: {' / '.join(tail) or 'no message'}")
+    _, wall, v = _run_bound(command, cfg, command[0], timeout, "use --timeout", capture=False)
     if v.problems and not all(x.startswith("allocator") for x in v.problems):
         raise TilewiseError(f"{command[0]}: binding not applied: " + "; ".join(v.problems))
     return RunResult({"time_s": wall}, wall, cfg, v.to_json(), v.allocator_loaded)
