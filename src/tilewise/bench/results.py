@@ -98,7 +98,7 @@ class ResultsWriter:
         self.csv_path = self.dir / "results.csv"
         self.plot_paths: list[Path] = []
 
-    def write(self, doc: dict, *, final: bool = False) -> None:
+    def write(self, doc: dict) -> None:
         doc["summary"] = summarise(doc)
         try:
             atomic_write_json(self.json_path, doc, default=str)

@@ -236,7 +236,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
             writer.write(doc)
     doc["plots"] = [str(x) for x in writer.plot_paths]
     doc["validation"]["wrong_answers"] = wrong
-    writer.write(doc, final=True)
+    writer.write(doc)
     if wrong:
         raise WrongAnswer(f"WRONG ANSWER in {len(wrong)} result(s): {wrong[0]}"
                           + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""),

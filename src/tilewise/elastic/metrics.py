@@ -22,10 +22,6 @@ from tilewise.errors import TilewiseError
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-class TargetGone(TilewiseError):
-    """The target process (or every task of the target cgroup) has exited."""
-
-
 @dataclass
 class ProcFS:
     root: str = "/proc"
@@ -96,9 +92,6 @@ class ProcFS:
             return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // CLK_TCK, 0
         except (OSError, ValueError, IndexError):
             return None
-
-    def affinity(self, tid: int) -> tuple[int, ...]:
-        return tuple(sorted(os.sched_getaffinity(tid)))
 
     def numa_pages(self, pid: int) -> dict[int, int]:
         """Pages per NUMA node summed over the mappings of /proc/PID/numa_maps."""

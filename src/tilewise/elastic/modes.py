@@ -42,10 +42,6 @@ class Pool:
     def cpus(self, core_ids) -> tuple[int, ...]:
         return tuple(sorted(p for cid in core_ids for p in self.cpus_by_core[cid]))
 
-    def cores_of_cpus(self, cpus) -> tuple[int, ...]:
-        s = set(cpus)
-        return tuple(c.id for c in self.cores if s & set(self.cpus_by_core[c.id]))
-
 
 def make_pool(t: Topology, allowed_cpus=None, smt: bool = False) -> Pool:
     """Cores with at least one CPU in allowed_cpus (and in the topology's allowed set)."""

@@ -186,10 +186,6 @@ def build_doc(probe: str, t: Topology, cpus, selection: str, params, stats: Sequ
     return doc
 
 
-def measurements_from(doc: dict, mode: str) -> dict:
-    return pairs_mod.to_measurement(doc["cpus"], doc["matrices"][mode])
-
-
 # ---- tilewise topo --measure -------------------------------------------------------------------
 
 def measure_into(t: Topology, *, full: bool = False, latency: LatencyParams | None = None,

@@ -13,7 +13,7 @@ import re
 import shlex
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tilewise.fsutil import atomic_write_json
 from tilewise import __version__, allocators, cpulist
@@ -236,7 +236,3 @@ def load_config(path: str) -> TunedFile:
     cfg = Config.from_json(doc.get("config") or {})
     return TunedFile(cfg, doc.get("target") or {}, doc.get("measured") or {}, doc.get("topology_fingerprint", ""),
                      doc.get("created", ""))
-
-
-def with_defaults(cfg: Config, **kw) -> Config:
-    return replace(cfg, **kw)
