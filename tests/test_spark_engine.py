@@ -12,7 +12,9 @@ import psutil
 import pytest
 
 from tilewise import plan, topology
-from tilewise.bench import queries, tpch_data
+from tilewise.bench import queries
+from tilewise.data import Dataset
+from tilewise.data import tpch as tpch_data
 from tilewise.engines import get
 from tilewise.engines import spark_cluster as sc
 from tilewise.errors import TilewiseError, UsageError
@@ -35,7 +37,7 @@ def test_engine_binding_answer_and_killed_worker(data_dir):
     engine = get("spark")(worker_memory="1g")
     token = None
     try:
-        engine.start(p, data_dir=data_dir)
+        engine.start(p, dataset=Dataset.at(data_dir))
         token = engine.cluster.token
         statuses = engine.status()
         assert [s.id for s in statuses] == [i.id for i in p.instances]
@@ -80,4 +82,4 @@ def test_engine_binding_answer_and_killed_worker(data_dir):
 def test_engine_refuses_missing_data(tmp_path):
     p = plan.plan(topology.load(None), "wim")
     with pytest.raises(UsageError, match="no Parquet data for table"):
-        get("spark")().start(p, data_dir=tmp_path)
+        get("spark")().start(p, dataset=Dataset.at(tmp_path))

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from conftest import run_cli
-from tilewise.bench import tpch_data
+from tilewise.data import tpch as tpch_data
 
 pytestmark = pytest.mark.spark
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from tilewise.bench import queries, tpch_data
+from tilewise.bench import queries
+from tilewise.data import tpch as tpch_data
 from tilewise.errors import UsageError
 
 

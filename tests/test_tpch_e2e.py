@@ -16,7 +16,9 @@ import pytest
 
 from conftest import run_cli
 from tilewise import cpulist, plan, topology
-from tilewise.bench import queries, tpch_data
+from tilewise.bench import queries
+from tilewise.data import Dataset
+from tilewise.data import tpch as tpch_data
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +99,7 @@ def test_each_instance_bound_as_planned_read_from_proc(data_root):
     p = plan.plan(t, "wic")
     eng = get("duckdb")()
     with eng:
-        eng.start(p, data_dir=data_root / "sf0.01")
+        eng.start(p, dataset=Dataset.at(data_root / "sf0.01", sf=0.01))
         sts = eng.status()
         assert len(sts) == len(p.instances)
         for inst, st in zip(p.instances, sts):

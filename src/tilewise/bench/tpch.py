@@ -21,7 +21,7 @@ from pathlib import Path
 from tilewise import cpulist, launch, topology
 from tilewise.bench import queries as Q
 from tilewise.bench import results as R
-from tilewise.bench import tpch_data
+from tilewise.data import tpch as tpch_data
 from tilewise.errors import TilewiseError, UsageError
 
 
@@ -145,10 +145,10 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     rep = reporter or Reporter()
     engine_cls, topo, plans = check_config(cfg)
     writer = R.ResultsWriter(cfg.out, plots=cfg.plots)  # a bad --out fails before anything starts
-    data_dir = tpch_data.ensure_data(cfg.sf, cfg.data_dir, log=rep.message)
+    dataset = tpch_data.dataset(cfg.sf, cfg.data_dir, log=rep.message)
     version = _engine_version(engine_cls)
     if cfg.engine == "duckdb":
-        warn = memory_warning(data_dir, plans)
+        warn = memory_warning(dataset, plans)
         if warn:
             rep.message(warn)
     doc = {
@@ -161,7 +161,8 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "runs": cfg.runs,
         "warmup": cfg.warmup,
         "queries_run": [f"q{n}" for n in cfg.queries],
-        "data_dir": str(data_dir),
+        "data_dir": str(dataset.dir),
+        "dataset": dataset.to_json(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": R.environment(topo, engine=cfg.engine, engine_version=version, allocator=cfg.allocator),
         "validation": {"reference": None, "rel_tol": 1e-6, "enabled": cfg.validate},
@@ -172,7 +173,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     if cfg.validate:
         from tilewise.bench import validate
 
-        ref = validate.Reference(data_dir)
+        ref = validate.Reference(dataset)
         doc["validation"]["reference"] = f"datafusion {ref.version}"
         rep.message(f"reference answers: DataFusion {ref.version} (cached in {ref.cache_dir})")
         ref.prepare(cfg.queries)
@@ -190,7 +191,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
                         f"({', '.join(cpulist.format(i.cpus) for i in p.instances[:8])}"
                         f"{', ...' if len(p.instances) > 8 else ''})")
             t0 = clock()
-            engine.start(p, data_dir=data_dir, allocator=cfg.allocator)
+            engine.start(p, dataset=dataset, allocator=cfg.allocator)
             rec["start_s"] = clock() - t0
             rec["instances"] = _instances(engine, p)
             bad = [i for i in rec["instances"] if i.get("binding_verified") is False]
@@ -259,10 +260,10 @@ def _engine_version(engine_cls) -> str:
     return v if isinstance(v, str) else "unknown"
 
 
-def memory_warning(data_dir: Path, plans) -> str | None:
+def memory_warning(dataset, plans) -> str | None:
     """Each DuckDB instance holds its own copy of the tables: warn when the copies may not fit."""
     try:
-        parquet = sum(p.stat().st_size for p in tpch_data.table_paths(data_dir).values())
+        parquet = dataset.parquet_bytes()
         with open("/proc/meminfo") as f:
             avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):

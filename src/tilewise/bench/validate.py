@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tilewise.fsutil import atomic_write_json
 from tilewise.bench import queries as _queries
+from tilewise.data import Dataset
 from tilewise.errors import TilewiseError
 
 REL_TOL = 1e-6
@@ -130,8 +131,9 @@ def _show(v: list) -> str:
 class Reference:
     """Reference answers for one data set, computed by DataFusion on first use and cached."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = Path(data_dir)
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self.data_dir = Path(dataset.dir)
         self.version = reference_engine_version()
         self.cache_dir = self.data_dir / "reference" / f"datafusion-{self.version}"
         self._mem: dict[int, list[list]] = {}
@@ -160,13 +162,11 @@ class Reference:
             self.answer(n)
 
     def _compute(self, sql: str, n: int) -> list[list]:
-        from tilewise.bench.tpch_data import table_paths
-
         if self._ctx is None:
             import datafusion
 
             ctx = datafusion.SessionContext()
-            for name, p in table_paths(self.data_dir).items():
+            for name, p in self.dataset.tables.items():
                 ctx.register_parquet(name, str(p))
             self._ctx = ctx
         try:

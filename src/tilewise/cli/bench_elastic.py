@@ -37,7 +37,8 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
     tilewise bench elastic --sf 0.1 --clients 4 --duration 10
     """
     from tilewise import topology
-    from tilewise.bench import results as bres, tpch_data
+    from tilewise.bench import results as bres
+    from tilewise.data import tpch as tpch_data
     from tilewise.elastic import experiment as ex
 
     if clients < 1:

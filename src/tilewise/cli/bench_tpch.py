@@ -78,7 +78,7 @@ def tpch(engine, sf, policies, streams, runs, out_dir, topology_src, query_list,
     """
     from tilewise.bench import queries as Q
     from tilewise.bench import tpch as harness
-    from tilewise.bench.tpch_data import check_sf
+    from tilewise.data.tpch import check_sf
 
     if config_path:  # a tuned configuration (tilewise tune): explicit flags win
         from tilewise.tune.knobs import load_config

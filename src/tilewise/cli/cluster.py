@@ -63,7 +63,7 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
     log = (lambda msg: err.print(f"tilewise: {msg}", markup=False)) if not as_json else None
     data = {}
     if sf is not None:
-        from tilewise.bench import tpch_data
+        from tilewise.data import tpch as tpch_data
         from tilewise.engines.spark import find_tables
 
         d = tpch_data.ensure_data(sf, data_dir, log=log)

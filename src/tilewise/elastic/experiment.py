@@ -179,9 +179,9 @@ def write_atomic(path: Path, doc: dict) -> None:
 
 
 def tables_for(workload: str, data: Path) -> dict:
-    from tilewise.bench import tpch_data
+    from tilewise.data import table_paths
 
-    paths = tpch_data.table_paths(data)
+    paths = table_paths(data)
     if workload == "q6":
         return {"lineitem": str(paths["lineitem"])}
     return {k: str(v) for k, v in paths.items()}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from tilewise.data import Dataset
 from tilewise.plan import Plan
 
 
@@ -38,8 +38,8 @@ class Engine(abc.ABC):
     name: str = "engine"
 
     @abc.abstractmethod
-    def start(self, plan: Plan, *, data_dir: Path, allocator: str = "system") -> None:
-        """Start one bound process (or worker) per plan instance and load the tables in data_dir."""
+    def start(self, plan: Plan, *, dataset: Dataset, allocator: str = "system") -> None:
+        """Start one bound process (or worker) per plan instance and load the dataset's tables."""
 
     @abc.abstractmethod
     def run_query(self, sql: str, *, instance: int | None = None) -> QueryResult:

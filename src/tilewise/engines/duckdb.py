@@ -23,9 +23,9 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tilewise import launch
+from tilewise.data import Dataset
 from tilewise.engines.base import Engine, InstanceStatus, QueryResult
 from tilewise.engines.duckdb_worker import read_msg, write_msg
 from tilewise.errors import TilewiseError
@@ -74,13 +74,11 @@ class DuckDBEngine(Engine):
         self.version = engine_version()
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def start(self, plan: Plan, *, data_dir: Path, allocator: str = "system") -> None:
-        from tilewise.bench.tpch_data import table_paths
-
-        tables = {k: str(v) for k, v in table_paths(Path(data_dir)).items()}
+    def start(self, plan: Plan, *, dataset: Dataset, allocator: str = "system") -> None:
+        tables = {k: str(v) for k, v in dataset.tables.items()}
         missing = [p for p in tables.values() if not os.path.exists(p)]
         if missing:
-            raise TilewiseError(f"TPC-H data missing in {data_dir}: {', '.join(missing)}")
+            raise TilewiseError(f"{dataset.label} data missing in {dataset.dir}: {', '.join(missing)}")
         try:
             for inst in plan.instances:
                 b = launch.Binding.from_instance(inst, allocator)

@@ -28,7 +28,7 @@ from tilewise.engines.base import Engine, InstanceStatus, QueryResult
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Plan
 
-TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
+from tilewise.data import TABLES, Dataset
 
 
 def find_tables(data_dir: Path) -> dict[str, str]:
@@ -111,12 +111,12 @@ class SparkEngine(Engine):
         self._query_lock = threading.Lock()  # one driver channel: concurrent streams take turns
 
     # ---- start ----------------------------------------------------------------------------
-    def start(self, plan: Plan, *, data_dir: Path, allocator: str = "system") -> None:
+    def start(self, plan: Plan, *, dataset: Dataset, allocator: str = "system") -> None:
         if self.cluster is not None:
             raise TilewiseError("this Spark engine is already started; stop() it first")
         launch.ensure_runnable(plan)
         sc.spark_home()
-        tables = {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(Path(data_dir)).items()}
+        tables = {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(Path(dataset.dir)).items()}
         from tilewise import topology
 
         live = topology.load(None)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tilewise.errors import TilewiseError, UsageError
 
-TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
+from tilewise.data import TABLES, Dataset, table_paths  # noqa: F401 - table_paths is part of this module's API
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "tilewise-tpch-data/1"
 
@@ -75,10 +75,6 @@ def is_valid(d: Path) -> bool:
         return False
 
 
-def table_paths(d: Path) -> dict[str, Path]:
-    return {t: d / f"{t}.parquet" for t in TABLES}
-
-
 def ensure_data(sf: float, data_dir: str | Path | None = None, *, log=None) -> Path:
     """A directory holding the 8 TPC-H tables as Parquet at scale factor sf (generated if needed)."""
     target = sf_dir(sf, data_dir)
@@ -125,3 +121,8 @@ def ensure_data(sf: float, data_dir: str | Path | None = None, *, log=None) -> P
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def dataset(sf: float, data_dir: str | Path | None = None, *, log=None) -> Dataset:
+    """The TPC-H data set at scale factor sf, generated first if needed."""
+    return Dataset("tpch", check_sf(sf), ensure_data(sf, data_dir, log=log))
