@@ -165,7 +165,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "dataset": dataset.to_json(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": R.environment(topo, engine=cfg.engine, engine_version=version, allocator=cfg.allocator),
-        "validation": {"reference": None, "rel_tol": 1e-6, "enabled": cfg.validate},
+        "validation": {"reference": None, "float_rel_tol": 1e-9, "rules": _validation_rules(), "enabled": cfg.validate},
         "policies": {},
         "summary": {},
     }
@@ -243,6 +243,12 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
                           + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""),
                           f"see {writer.json_path}")
     return doc
+
+
+def _validation_rules() -> str:
+    from tilewise.bench.validate import RULES
+
+    return RULES
 
 
 def _engine_version(engine_cls) -> str:
