@@ -63,9 +63,11 @@ def test_instance_counts(topo, name):
 @pytest.mark.parametrize("name", sorted(MACHINES))
 def test_policy_shapes(topo, name):
     t = topo(name)
-    for i in plan.plan(t, "wicp").instances:  # never spans two L3 domains; membind to its node
+    for i in plan.plan(t, "wicp").instances:  # exactly one whole L3; membind to the node(s) holding it
         assert len(i.l3_domains) == 1
-        assert i.mem_policy == "membind" and i.mem_nodes == i.numa_nodes and len(i.numa_nodes) == 1
+        d = t.l3_by_id[i.l3_domains[0]]
+        assert set(i.cpus) == {c.primary for c in t.cores if c.l3 == d.id}
+        assert i.mem_policy == "membind" and i.mem_nodes == i.numa_nodes == d.numa_nodes
     for i in plan.plan(t, "win").instances:  # membind to its own node, all its cores
         assert i.mem_policy == "membind" and i.mem_nodes == i.numa_nodes and len(i.mem_nodes) == 1
         assert set(i.cpus) == {c.primary for c in t.cores if c.numa_node == i.mem_nodes[0]}
@@ -100,6 +102,52 @@ def test_spread_puts_each_instance_on_different_nodes(topo, name):
     for i in sp.instances:
         # its cores come from as many different nodes as possible (every node, or one node per core)
         assert len(i.numa_nodes) == min(i.cores, len(t.cpu_nodes))
+
+
+def test_snc4_plans_keep_the_socket_l3_whole(topo):
+    """One L3 per socket holding 4 nodes: wicp = one instance per socket L3 bound to its 4 nodes,
+    win = one per node (the finer unit), wicp-mixed = wicp, n packs inside one node of the L3."""
+    t = topo("spr8480x2_snc4")
+    wicp = plan.plan(t, "wicp")
+    assert [i.mem_nodes for i in wicp.instances] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert [i.cores for i in wicp.instances] == [56, 56]
+    assert any("span several NUMA nodes" in n for n in wicp.notes)
+    win = plan.plan(t, "win")
+    assert [i.mem_nodes for i in win.instances] == [(n,) for n in range(8)]
+    assert [i.l3_domains for i in win.instances] == [(0,)] * 4 + [(1,)] * 4
+    mixed = plan.plan(t, "wicp-mixed")
+    assert [i.cpus for i in mixed.instances] == [i.cpus for i in wicp.instances]
+    assert any("wicp-mixed is the same as wicp" in n for n in mixed.notes)
+    n8 = plan.plan(t, "n", instances=8)
+    assert [i.numa_nodes for i in n8.instances] == [(n,) for n in range(8)]
+    n4 = plan.plan(t, "n", instances=4)
+    assert [i.l3_domains for i in n4.instances] == [(0,), (0,), (1,), (1,)]
+    assert [i.numa_nodes for i in n4.instances] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    sp = plan.plan(t, "spread")
+    assert all(len(i.numa_nodes) == 8 for i in sp.instances)
+    auto = plan.plan(t, "auto")
+    assert auto.policy == "win"
+    assert any("sub-NUMA clustering" in r and "finer" in r for r in auto.reasons)
+
+
+def test_mixed_l3_layouts_in_one_machine():
+    """Socket 0 has two L3s in one node; socket 1 has one L3 over two nodes (hwloc synthetic can't
+    say this, so build it from facts): each policy follows each socket's own nesting."""
+    from tilewise.topology.build import RawNode, RawPU, build
+
+    pus = [RawPU(c, c // 4, ("core", c), c % 4, 0 if c < 4 else (1 if c < 6 else 2), ("l3", c // 2 if c < 4 else 2))
+           for c in range(8)]
+    t = build(pus, [RawNode(n, 2**30) for n in range(3)], distances=None, source="test")
+    assert [d.numa_nodes for d in t.l3_domains] == [(0,), (0,), (1, 2)]
+    assert [i.cpus for i in plan.plan(t, "wicp").instances] == [(0, 1), (2, 3), (4, 5, 6, 7)]
+    assert [i.mem_nodes for i in plan.plan(t, "wicp").instances] == [(0,), (0,), (1, 2)]
+    mixed = plan.plan(t, "wicp-mixed")
+    assert [i.cpus for i in mixed.instances] == [(0, 3), (1, 2), (4, 5, 6, 7)]  # j-th core of L3 (i + j) mod 2
+    assert [i.mem_nodes for i in plan.plan(t, "win").instances] == [(0,), (1,), (2,)]
+    auto = plan.plan(t, "auto")  # 3 L3s over 3 nodes: no unit is finer everywhere; per node
+    assert auto.policy == "win" and auto.reasons
+    for pol in ("wim", "win", "wicp", "wicp-mixed", "wic", "spread"):
+        assert_partition(t, plan.plan(t, pol))
 
 
 def test_spread_on_one_node_is_an_error(topo):

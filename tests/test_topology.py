@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections import Counter
 
 import pytest
 
@@ -45,12 +44,16 @@ def test_counts_from_sysfs(sysfs_root, name):
     assert len(t.pus) == exp["pus"]
     assert t.smt == exp["smt"]
     assert sum(1 for n in t.numa_nodes if n.cpuless) == exp.get("cpuless", 0)
-    # every L3 domain lies inside one NUMA node, and its cpus are exactly its cores' PUs
+    # every L3 domain's cpus are exactly its cores' PUs, and it lists the nodes of those cores;
+    # an L3 and a node nest one way or the other (never split a cache by node)
     for d in t.l3_domains:
         cores = [c for c in t.cores if c.l3 == d.id]
         assert sorted(p for c in cores for p in c.pus) == list(d.cpus)
-        assert {c.numa_node for c in cores} == {d.numa_node}
-        assert set(d.cpus) <= set(t.node_by_id[d.numa_node].cpus)
+        assert {c.numa_node for c in cores} == set(d.numa_nodes)
+        if d.spans_nodes:
+            assert all(set(t.node_by_id[n].cpus) <= set(d.cpus) for n in d.numa_nodes)
+        else:
+            assert set(d.cpus) <= set(t.node_by_id[d.numa_nodes[0]].cpus)
 
 
 @pytest.mark.parametrize("name", sorted(MACHINES))
@@ -99,11 +102,57 @@ def test_adjacent_smt_numbering(sysfs_root):
     assert all(c.pus == (2 * c.id, 2 * c.id + 1) for c in t.cores)
 
 
-def test_snc4_splits_the_socket_l3_per_cluster(sysfs_root):
-    t = load_sysfs(sysfs_root, "spr8480x2_snc4")
-    assert len(t.l3_domains) == 8
-    assert Counter(d.numa_node for d in t.l3_domains) == Counter(range(8))
+@pytest.mark.parametrize("source", ["sysfs", "xml"])
+def test_snc4_keeps_one_socket_l3_holding_four_nodes(sysfs_root, source):
+    """Sub-NUMA clustering: sysfs shows one L3 per socket over 4 nodes, and so does hwloc. The
+    model keeps one L3 containing the nodes instead of inventing a split per node."""
+    t = load_sysfs(sysfs_root, "spr8480x2_snc4") if source == "sysfs" else topology.load(str(FIXTURES / "spr8480x2_snc4.xml"))
+    assert [d.numa_nodes for d in t.l3_domains] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert [len(d.cpus) for d in t.l3_domains] == [112, 112]
+    assert t.l3_domains[0].size_bytes == 107520 * 1024
+    assert t.locality_blocks == (((0, 1, 2, 3), (0,)), ((4, 5, 6, 7), (1,)))
+    assert [d.id for d in t.l3s_of_node(5)] == [1]
+    # cores are ordered socket, node, core: node 1's cores follow node 0's inside the one L3
+    assert [c.numa_node for c in t.cores[:15]] == [0] * 14 + [1]
     assert t.distance(0, 1) == 12 and t.distance(0, 4) == 21
+    assert "2 chiplets x 56 cores each spanning 4 NUMA nodes" in t.summary()
+    tree = "\n".join(render.tree_lines(t))
+    assert "    L3 L#0 (105 MiB, 56 cores, spans NUMA nodes 0-3)  cpus 0-55,112-167\n      NUMANode L#0 (P#0" in tree
+    doc = render.to_json(t)
+    assert doc["l3_domains"][1]["numa_nodes"] == [4, 5, 6, 7] and doc["l3_domains"][1]["cores"] == 56
+
+
+def test_snc_export_puts_the_nodes_under_the_cache(sysfs_root, tmp_path):
+    """As hwloc writes it: Package > L3Cache > Group per node > NUMANode (memory child) + Cores."""
+    import xml.etree.ElementTree as ET
+
+    t = load_sysfs(sysfs_root, "spr8480x2_snc4")
+    root = ET.fromstring(hwloc_xml.dumps(t))
+    pkg = root.find("object/object[@type='Package']")
+    (l3,) = [o for o in pkg.findall("object") if o.get("type") == "L3Cache"]
+    groups = [o for o in l3.findall("object") if o.get("type") == "Group"]
+    assert [g.find("object[@type='NUMANode']").get("os_index") for g in groups] == ["0", "1", "2", "3"]
+    assert all(len(g.findall("object[@type='Core']")) == 14 for g in groups)
+    assert l3.get("nodeset") == "0x0000000f"
+
+
+def test_l3_partly_overlapping_nodes_round_trips(tmp_path):
+    """A VM can put a die's CPUs in two nodes that also hold other dies' CPUs: hwloc's tree cannot
+    nest that, so the export writes the L3 in pieces marked with its id, and import rejoins them."""
+    from tilewise.topology.build import RawNode, RawPU, build
+
+    # L3 A = cpus 0-3, L3 B = cpus 4-7; node 0 = cpus 0-2, node 1 = cpus 3-7
+    pus = [RawPU(c, 0, ("core", c), c, 0 if c < 3 else 1, ("l3", c // 4)) for c in range(8)]
+    t = build(pus, [RawNode(0, 2**30), RawNode(1, 2**30)], distances=None, source="test")
+    assert [d.numa_nodes for d in t.l3_domains] == [(0, 1), (1,)]
+    assert t.locality_blocks == (((0, 1), (0, 1)),)
+    out = tmp_path / "p.xml"
+    hwloc_xml.save(t, out)
+    back = topology.load(str(out))
+    assert back.fingerprint() == t.fingerprint()
+    assert [d.numa_nodes for d in back.l3_domains] == [(0, 1), (1,)]
+    lines = render.tree_lines(t)
+    assert any("spans NUMA nodes 0-1" in ln for ln in lines)
 
 
 def test_cpuless_node_kept_with_memory(sysfs_root):
@@ -145,6 +194,7 @@ def test_synthetic_second_memory_attachment_is_cpuless():
     "Package:2 [NUMANode(memory=256GB)] L3Cache:8(size=32MB) Core:8 PU:2",
     "NUMANode:4 Core:4 PU:1",
     "Package:1 [NUMANode] Die:2 L3Cache:2 Core:3 PU:2",
+    "Package:2 L3Cache:1 Group:2 [NUMANode(memory=8GiB)] Core:2 PU:2",  # SNC2: nodes under the L3
     "Core:4 PU:2(indexes=0,4,1,5,2,6,3,7)",
 ])
 def test_synthetic_agrees_with_real_hwloc(desc, tmp_path):
@@ -213,7 +263,7 @@ def test_topo_cli_json_and_export(cli, tmp_path, sysfs_root):
     doc = json.loads(cp.stdout)
     assert doc["packages"] == 2 and doc["cores"] == 128 and doc["pus"] == 256
     assert len(doc["numa_nodes"]) == 2 and doc["numa_nodes"][0]["memory_bytes"] == 256 * 2**30
-    assert len(doc["l3_domains"]) == 16 and doc["l3_domains"][15]["numa_node"] == 1
+    assert len(doc["l3_domains"]) == 16 and doc["l3_domains"][15]["numa_nodes"] == [1]
     assert doc["distances"] == [[10, 32], [32, 10]]
     assert out.exists()
     text = cli("topo", "--topology", str(out), check=True).stdout

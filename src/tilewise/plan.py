@@ -148,15 +148,22 @@ def _split(t: Topology, policy: str, units, k: int | None) -> tuple[list[list], 
     if policy == "win":
         return _group(units, lambda c: c.numa_node), notes
     if policy == "wicp":
+        spanning = [d for d in t.l3_domains if d.spans_nodes]
+        if spanning:
+            notes.append(
+                f"{len(spanning)} L3 domain(s) span several NUMA nodes (sub-NUMA clustering): a wicp instance "
+                "takes the whole L3 and binds memory to all its nodes; win gives one instance per node")
         return _group(units, lambda c: c.l3), notes
     if policy == "wic":
         return [[u] for u in units], notes
     if policy == "wicp-mixed":
-        # Per node: as many instances as L3s there, each taking cores round-robin from the L3s
-        # (instance i takes the j-th core of L3 (i + j) mod m): every L3 feeds every instance.
+        # Per locality block (a node with its L3s, or an L3 holding several nodes): as many instances
+        # as L3s there, each taking cores round-robin from the L3s (instance i takes the j-th core of
+        # L3 (i + j) mod m): every L3 feeds every instance.
         groups: list[list] = []
-        for node_units in _group(units, lambda c: c.numa_node):
-            l3s = _group(node_units, lambda c: c.l3)
+        block_of = {nid: b for b, (nodes, _) in enumerate(t.locality_blocks) for nid in nodes}
+        for block_units in _group(units, lambda c: block_of[c.numa_node]):
+            l3s = _group(block_units, lambda c: c.l3)
             m = len(l3s)
             size = max(len(g) for g in l3s)
             inst: list[list] = [[] for _ in range(m)]
@@ -167,7 +174,8 @@ def _split(t: Topology, policy: str, units, k: int | None) -> tuple[list[list], 
                         inst[i].append(col[j])
             groups.extend(g for g in inst if g)
         if all(len(_group(g, lambda c: c.l3)) == 1 for g in groups):
-            notes.append("each NUMA node has a single L3 domain: wicp-mixed is the same as wicp here")
+            where = "L3 domain holds whole NUMA nodes" if t.l3_spans_nodes else "NUMA node has a single L3 domain"
+            notes.append(f"each {where}: wicp-mixed is the same as wicp here")
         return groups, notes
     if policy == "spread":
         by_node = _group(units, lambda c: c.numa_node)
@@ -283,6 +291,9 @@ def choose(t: Topology, hints: AutoHints, *, instances: int | None = None) -> tu
         return "wim", reasons
 
     ratio = measured_chiplet_ratio(t)
+    # The finer of the two units wins: several L3s per node (chiplets) -> per L3; L3s that each hold
+    # several nodes (sub-NUMA clustering) -> per node.
+    spanning = [d for d in t.l3_domains if d.id in l3s and d.spans_nodes]
     several_l3 = len(l3s) > len(nodes)
     if ratio is not None:
         chiplet = several_l3 and ratio >= CHIPLET_LATENCY_RATIO
@@ -328,7 +339,13 @@ def choose(t: Topology, hints: AutoHints, *, instances: int | None = None) -> tu
         reasons.append("parallel engine on a chiplet machine: one instance per chiplet (WICP), the studies' best (up to 7x over WIM)")
         return "wicp", reasons
     if len(nodes) > 1:
-        reasons.append(f"parallel engine, {len(nodes)} NUMA nodes, one L3 per node: one instance per node (WIN) with membind")
+        if spanning:
+            reasons.append(
+                f"parallel engine, {len(nodes)} NUMA nodes under {len(l3s)} L3 domain(s) "
+                f"({len(spanning)} L3 spanning several nodes, as with sub-NUMA clustering): the node is the finer "
+                "unit, one instance per node (WIN) with membind")
+        else:
+            reasons.append(f"parallel engine, {len(nodes)} NUMA nodes, one L3 per node: one instance per node (WIN) with membind")
         return "win", reasons
     if len(l3s) == 1:
         reasons.append("one NUMA node and one L3 domain: nothing to split, a single instance (WIM)")

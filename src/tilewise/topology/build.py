@@ -2,7 +2,7 @@
 
 Sysfs, hwloc XML and synthetic descriptions all reduce to: for each PU, its package, core, NUMA
 node and L3; for each NUMA node, its memory; and the node distance matrix. Grouping, ordering,
-logical numbering and the per-node split of L3 caches happen here once.
+logical numbering and the nesting of L3 caches and NUMA nodes happen here once.
 """
 
 from __future__ import annotations
@@ -32,6 +32,27 @@ class RawNode:
     cpus: tuple[int, ...] = ()  # filled from the PUs when empty
     package: int | None = None
     kind: str | None = None
+
+
+def _locality_blocks(pus: Sequence[RawPU], l3_group) -> dict[tuple[int, int], int]:
+    """(package, node) -> lowest node id of its locality block: the nodes joined by L3 caches that
+    hold CPUs of several of them (per package). Without such caches every node is its own block."""
+    parent: dict[Hashable, Hashable] = {}
+
+    def find(x: Hashable) -> Hashable:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for p in pus:
+        a, b = find(("node", p.package, p.node)), find(("l3", l3_group(p)))
+        if a != b:
+            parent[b] = a
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for p in pus:
+        members[find(("node", p.package, p.node))].append(p.node)
+    return {(p.package, p.node): min(members[find(("node", p.package, p.node))]) for p in pus}
 
 
 def default_distances(n: int) -> tuple[tuple[int, ...], ...]:
@@ -65,23 +86,28 @@ def build(
     l3_known = any(p.l3_key is not None for p in pus)
 
     def l3_group(p: RawPU) -> Hashable:
-        # Split an L3 by NUMA node (SNC); without L3 facts, one domain per node.
-        return (p.l3_key if l3_known else "node", p.node)
+        # One domain per L3 cache, whatever the NUMA nodes under it (an L3 that holds several nodes,
+        # as with sub-NUMA clustering, stays one domain); without L3 facts, one domain per node.
+        return p.l3_key if p.l3_key is not None else ("node", p.node)
 
-    # Topology order: package, node, L3 (by its lowest cpu), core (by its lowest cpu).
+    block_of = _locality_blocks(pus, l3_group)
     l3_first: dict[Hashable, int] = {}
     for p in pus:
         g = l3_group(p)
         l3_first[g] = min(l3_first.get(g, p.cpu), p.cpu)
 
+    # Topology order: package, locality block (a node with its L3s, or an L3 with its nodes), node,
+    # L3 (by its lowest cpu), core (by its lowest cpu). Where every L3 lies inside one node this is
+    # package, node, L3, core.
     def core_sort_key(members: list[RawPU]) -> tuple:
         m = members[0]
-        return (m.package, m.node, l3_first[l3_group(m)], min(x.cpu for x in members))
+        return (m.package, block_of[(m.package, m.node)], m.node, l3_first[l3_group(m)], min(x.cpu for x in members))
 
     ordered = sorted(core_pus.values(), key=core_sort_key)
     l3_index: dict[Hashable, int] = {}
     l3_cpus: dict[int, list[int]] = defaultdict(list)
-    l3_meta: dict[int, tuple[int, int, int]] = {}
+    l3_nodes: dict[int, set[int]] = defaultdict(set)
+    l3_meta: dict[int, tuple[int, int]] = {}
     cores: list[Core] = []
     for members in ordered:
         m = members[0]
@@ -89,14 +115,16 @@ def build(
         if g not in l3_index:
             l3_index[g] = len(l3_index)
             size = l3_sizes.get(m.l3_key, 0) if l3_known else 0
-            l3_meta[l3_index[g]] = (m.node, m.package, size)
+            l3_meta[l3_index[g]] = (m.package, size)
         lid = l3_index[g]
         cpus = tuple(sorted(x.cpu for x in members))
         l3_cpus[lid].extend(cpus)
+        l3_nodes[lid].add(m.node)
         cores.append(Core(len(cores), m.core_os_index, m.package, m.node, lid, cpus))
 
     l3_domains = tuple(
-        L3Domain(lid, tuple(sorted(l3_cpus[lid])), *l3_meta[lid]) for lid in range(len(l3_index))
+        L3Domain(lid, tuple(sorted(l3_cpus[lid])), tuple(sorted(l3_nodes[lid])), *l3_meta[lid])
+        for lid in range(len(l3_index))
     )
 
     node_cpu: dict[int, list[int]] = defaultdict(list)

@@ -1,7 +1,9 @@
 """hwloc XML (``lstopo --of xml``), the interchange format: import (hwloc 2.x, and 1.x trees) and export.
 
 Export writes hwloc 2.x XML that ``lstopo --input FILE`` accepts: Machine > Package > (Group per
-NUMA node when a package holds several) > L3Cache > Core > PU, NUMA nodes as memory children,
+NUMA node when a package holds several) > L3Cache > Core > PU, or, where one L3 holds several
+nodes (sub-NUMA clustering), Package > L3Cache > Group per node > Core > PU as hwloc writes it;
+NUMA nodes as memory children,
 CPU-less memory nodes attached to the Machine, the SLIT as a ``distances2`` matrix, and measured
 CPU-pair matrices (latency, bandwidth) as extra named ``distances2`` matrices over PUs.
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from collections import defaultdict
 
 from tilewise.fsutil import atomic_write
 from tilewise import cpulist
@@ -24,6 +25,7 @@ CPULESS_SUBTYPES = {"CXL-DRAM", "CXL-NVM", "NVM", "HBM", "MCDRAM", "SPM", "GPUMe
 SUBTYPE_OF_KIND = {"cxl": "CXL-DRAM", "hbm": "HBM", "pmem": "NVM"}
 KIND_OF_SUBTYPE = {"CXL-DRAM": "cxl", "CXL-NVM": "cxl", "HBM": "hbm", "MCDRAM": "hbm", "NVM": "pmem"}
 MEASURE_PREFIX = "tilewise:"
+L3_PIECE_INFO = "tilewise:l3"  # marks the pieces of one L3 that partly overlaps several nodes
 MEASURE_SCALE = 1000  # distances2 holds integers: measured values are stored in thousandths
 
 
@@ -110,7 +112,8 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
         if typ == "NUMANode" and obj not in mem_children and any(_type(c) != "NUMANode" for c in children):
             ctx["node"] = add_node(obj, False, ctx.get("package"))  # hwloc 1.x NUMANode level
         if typ == "L3Cache" and obj.get("cache_type", "0") in ("0", "1"):
-            key = ("l3", id(obj))
+            piece = _infos(obj).get(L3_PIECE_INFO)
+            key = ("l3", id(obj)) if piece is None else ("l3-piece", piece)
             ctx["l3"] = key
             l3_sizes[key] = int(obj.get("cache_size", "0") or 0)
         if typ == "Core":
@@ -204,34 +207,56 @@ def dumps(t: Topology) -> str:
             ET.SubElement(m, "info", {"name": "tilewise:cpuless", "value": "1"})
             ET.SubElement(m, "info", {"name": "tilewise:kind", "value": node.kind})
 
-    by_pkg_node: dict[int, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-    for d in t.l3_domains:
-        by_pkg_node[d.package][d.numa_node].append(d)
-    cores_by_l3: dict[int, list] = defaultdict(list)
-    for c in t.cores:
-        cores_by_l3[c.l3].append(c)
+    def l3_obj(parent: ET.Element, d, cpus, nodes) -> ET.Element:
+        le = obj(parent, "L3Cache", cpus, nodes, cache_size=d.size_bytes, depth=3,
+                 cache_linesize=64, cache_associativity=0, cache_type=0)
+        if tuple(cpus) != d.cpus:  # a piece of an L3 that hwloc's tree cannot nest: rejoined on import
+            ET.SubElement(le, "info", {"name": L3_PIECE_INFO, "value": str(d.id)})
+        return le
+
+    def core_objs(parent: ET.Element, cores) -> None:
+        for c in cores:
+            ce = obj(parent, "Core", c.pus, [c.numa_node], os_index=c.os_index)
+            for p in c.pus:
+                obj(ce, "PU", [p], [c.numa_node], os_index=p)
 
     for cpuless in [n for n in t.numa_nodes if n.cpuless]:
         mem_child(machine, cpuless, all_cpus)
     for pkg in t.packages:
-        pnodes = sorted(by_pkg_node[pkg.id])
+        pcores = [c for c in t.cores if c.package == pkg.id]
+        pnodes = sorted({c.numa_node for c in pcores})
         pe = obj(machine, "Package", pkg.cpus, pnodes, os_index=pkg.id)
-        for nid in pnodes:
-            node = t.node_by_id[nid]
-            parent = pe
-            if len(pnodes) > 1:
-                parent = obj(pe, "Group", node.cpus, [nid], kind=1001, subkind=0)
-            mem_child(parent, node, node.cpus)
-            for d in by_pkg_node[pkg.id][nid]:
-                if t.l3_known:
-                    le = obj(parent, "L3Cache", d.cpus, [nid], cache_size=d.size_bytes, depth=3,
-                             cache_linesize=64, cache_associativity=0, cache_type=0)
-                else:
+        for nodes, l3s in t.locality_blocks:
+            bcores = [c for c in pcores if c.numa_node in nodes]
+            if not bcores:
+                continue
+            if t.l3_known and len(l3s) == 1 and len(nodes) > 1:
+                # One L3 holding several nodes (sub-NUMA clustering): as hwloc, the nodes go under the
+                # cache, each in a Group with its cores: Package > L3Cache > Group > NUMANode + Cores.
+                d = t.l3_by_id[l3s[0]]
+                le = l3_obj(pe, d, d.cpus, list(nodes))
+                for nid in nodes:
+                    ncores = [c for c in bcores if c.numa_node == nid]
+                    ge = obj(le, "Group", t.node_by_id[nid].cpus, [nid], kind=1001, subkind=0)
+                    mem_child(ge, t.node_by_id[nid], t.node_by_id[nid].cpus)
+                    core_objs(ge, ncores)
+                continue
+            # Nodes holding their L3s: Package > (Group per node when several) > NUMANode + L3Cache > Cores.
+            for nid in nodes:
+                node = t.node_by_id[nid]
+                ncores = [c for c in bcores if c.numa_node == nid]
+                if not ncores:
+                    continue
+                parent = pe
+                if len(pnodes) > 1:
+                    parent = obj(pe, "Group", node.cpus, [nid], kind=1001, subkind=0)
+                mem_child(parent, node, node.cpus)
+                for lid in sorted({c.l3 for c in ncores}):
+                    lcores = [c for c in ncores if c.l3 == lid]
                     le = parent
-                for c in cores_by_l3[d.id]:
-                    ce = obj(le, "Core", c.pus, [nid], os_index=c.os_index)
-                    for p in c.pus:
-                        obj(ce, "PU", [p], [nid], os_index=p)
+                    if t.l3_known:
+                        le = l3_obj(parent, t.l3_by_id[lid], sorted(p for c in lcores for p in c.pus), [nid])
+                    core_objs(le, lcores)
 
     def matrix(name: str | None, typ: str, kind: int, ids, rows) -> None:
         n = len(ids)

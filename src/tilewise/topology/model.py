@@ -1,7 +1,8 @@
 """One set of types for every topology source (sysfs, hwloc XML, synthetic).
 
-Vocabulary follows hwloc: Package > NUMANode > L3Cache ("chiplet": CCX/CCD, tile, SNC, cluster)
-> Core > PU. CPU numbers are OS (physical) indexes everywhere; logical indexes are positions in the
+Vocabulary follows hwloc: Package > NUMANode > L3Cache ("chiplet": CCX/CCD, tile, cluster) > Core
+> PU, except that the nesting of NUMA nodes and L3 caches is not fixed: with sub-NUMA clustering
+one L3 holds several nodes (Package > L3Cache > NUMANode > Core), and the model keeps it one L3. CPU numbers are OS (physical) indexes everywhere; logical indexes are positions in the
 sorted tuples below and are printed as L#n next to P#n.
 """
 
@@ -37,17 +38,22 @@ class NumaNode:
 
 @dataclass(frozen=True)
 class L3Domain:
-    """CPUs sharing one last-level cache, inside one NUMA node: the planning unit "chiplet".
+    """CPUs sharing one last-level cache: the planning unit "chiplet".
 
-    Where one L3 spans several NUMA nodes (Intel sub-NUMA clustering), it is split per node:
-    in SNC mode each cluster caches its own node's memory in its own slices.
+    Usually inside one NUMA node; where one L3 holds several nodes (Intel sub-NUMA clustering, or
+    a VM that splits a die's CPUs over nodes) it stays one domain listing all of them, as hwloc
+    puts those nodes under the cache. A cache is never split by node.
     """
 
     id: int  # logical index, 0..n-1 in topology order
     cpus: tuple[int, ...]
-    numa_node: int
+    numa_nodes: tuple[int, ...]  # the nodes holding its CPUs: one, or several when it spans nodes
     package: int
     size_bytes: int  # 0 when unknown
+
+    @property
+    def spans_nodes(self) -> bool:
+        return len(self.numa_nodes) > 1
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,32 @@ class Topology:
     @cached_property
     def node_by_id(self) -> dict[int, NumaNode]:
         return {n.id: n for n in self.numa_nodes}
+
+    @cached_property
+    def l3_by_id(self) -> dict[int, L3Domain]:
+        return {d.id: d for d in self.l3_domains}
+
+    def l3s_of_node(self, node: int) -> tuple[L3Domain, ...]:
+        """The L3 domains holding CPUs of a node (several L3s in one node, or one L3 over several nodes)."""
+        return tuple(d for d in self.l3_domains if node in d.numa_nodes)
+
+    @cached_property
+    def locality_blocks(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+        """(node ids, L3 ids) groups that L3 caches spanning nodes join, in topology order.
+
+        Usually one node with the L3s inside it; with sub-NUMA clustering one L3 with its nodes."""
+        blocks: list[tuple[set[int], set[int]]] = []
+        for d in self.l3_domains:
+            nodes = set(d.numa_nodes)
+            joined = [b for b in blocks if b[0] & nodes]
+            merged = (nodes.union(*(b[0] for b in joined)), {d.id}.union(*(b[1] for b in joined)))
+            blocks = [b for b in blocks if b not in joined] + [merged]
+        blocks.sort(key=lambda b: min(b[1]))
+        return tuple((tuple(sorted(n)), tuple(sorted(l))) for n, l in blocks)
+
+    @property
+    def l3_spans_nodes(self) -> bool:
+        return any(d.spans_nodes for d in self.l3_domains)
 
     @property
     def cpu_nodes(self) -> tuple[NumaNode, ...]:
@@ -164,6 +196,10 @@ def validate(t: Topology) -> None:
             f"topology from {t.source}: NUMA node cpus ({cpulist.format(node_cpus)}) "
             f"do not cover the cores' PUs ({cpulist.format(seen)})"
         )
+    for d in t.l3_domains:
+        unknown = [x for x in d.numa_nodes if x not in node_ids]
+        if unknown or not d.numa_nodes:
+            raise UsageError(f"topology from {t.source}: L3 L#{d.id} names unknown NUMA node(s) {unknown}")
     n = len(t.numa_nodes)
     if len(t.distances) != n or any(len(r) != n for r in t.distances):
         raise UsageError(f"topology from {t.source}: distance matrix is not {n}x{n}")

@@ -33,37 +33,63 @@ def summary_line(t: Topology) -> str:
     per_l3 = Counter(sum(1 for c in t.cores if c.l3 == d.id) for d in t.l3_domains)
     sizes = " + ".join(f"{k} x {_plural(v, 'core')}" for v, k in sorted(per_l3.items(), key=lambda kv: -kv[1]))
     word = "chiplet" if t.l3_known else "node-wide domain"
+    spanning = [d for d in t.l3_domains if d.spans_nodes]
     if len(per_l3) == 1:
         (v, k), = per_l3.items()
         parts.append(f"{k} {word}{'s' if k != 1 else ''} x {_plural(v, 'core')}")
     else:
         parts.append(f"{len(t.l3_domains)} {word}s ({sizes})")
+    if spanning:
+        per = Counter(len(d.numa_nodes) for d in spanning)
+        if len(spanning) == len(t.l3_domains) and len(per) == 1:
+            parts[-1] += f" each spanning {next(iter(per))} NUMA nodes"
+        else:
+            parts[-1] += f", {len(spanning)} spanning several NUMA nodes"
     parts.append(f"SMT{t.smt}" if t.smt > 1 else "no SMT")
     parts.append(human_bytes(t.memory_bytes))
     return ", ".join(parts)
 
 
 def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
-    """Compact tree: Package > NUMANode > L3 with logical and OS indexes."""
+    """Compact tree: Package > NUMANode > L3 (or Package > L3 > NUMANode where an L3 holds several
+    nodes, as hwloc shows sub-NUMA clustering) with logical and OS indexes."""
     lines = [f"Machine ({human_bytes(t.memory_bytes)}, {len(t.cores)} cores, {len(t.pus)} PUs)  [{t.source}]"]
-    l3_by_node: dict[int, list] = defaultdict(list)
-    for d in t.l3_domains:
-        l3_by_node[d.numa_node].append(d)
     cores_per_l3 = Counter(c.l3 for c in t.cores)
+    logical_node = {n.id: i for i, n in enumerate(t.numa_nodes)}
     shown = 0
+    label = "L3" if t.l3_known else "Domain"
+
+    def node_line(indent: str, nid: int) -> str:
+        node = t.node_by_id[nid]
+        return f"{indent}NUMANode L#{logical_node[nid]} (P#{nid}, {human_bytes(node.memory_bytes)})  cpus {cpulist.format(node.cpus)}"
+
+    def l3_line(indent: str, d) -> str:
+        size = human_bytes(d.size_bytes) if d.size_bytes else "size unknown"
+        spans = f", spans NUMA nodes {cpulist.format(d.numa_nodes)}" if d.spans_nodes else ""
+        return f"{indent}{label} L#{d.id} ({size}, {cores_per_l3[d.id]} cores{spans})  cpus {cpulist.format(d.cpus)}"
+
     for pi, pkg in enumerate(t.packages):
         lines.append(f"  Package L#{pi} (P#{pkg.id})  cpus {cpulist.format(pkg.cpus)}")
-        for ni, node in enumerate(t.numa_nodes):
-            if node.cpuless or node.package != pkg.id:
+        pkg_cpus = set(pkg.cpus)
+        for nodes, l3s in t.locality_blocks:
+            domains = [t.l3_by_id[i] for i in l3s if t.l3_by_id[i].package == pkg.id]
+            if not domains:
                 continue
-            lines.append(f"    NUMANode L#{ni} (P#{node.id}, {human_bytes(node.memory_bytes)})  cpus {cpulist.format(node.cpus)}")
-            for d in l3_by_node[node.id]:
+            if len(l3s) == 1 and len(nodes) > 1:  # one L3 holding several nodes: the cache above them
                 shown += 1
-                if shown > max_l3:
-                    continue
-                size = human_bytes(d.size_bytes) if d.size_bytes else "size unknown"
-                label = "L3" if t.l3_known else "Domain"
-                lines.append(f"      {label} L#{d.id} ({size}, {cores_per_l3[d.id]} cores)  cpus {cpulist.format(d.cpus)}")
+                if shown <= max_l3:
+                    lines.append(l3_line("    ", domains[0]))
+                    lines.extend(node_line("      ", nid) for nid in nodes)
+                continue
+            for nid in nodes:
+                if set(t.node_by_id[nid].cpus) & pkg_cpus:
+                    lines.append(node_line("    ", nid))
+                for d in domains:
+                    if nid != d.numa_nodes[0]:
+                        continue
+                    shown += 1
+                    if shown <= max_l3:
+                        lines.append(l3_line("      ", d))
     if shown > max_l3:
         lines.append(f"      ... {shown - max_l3} more L3 domains (use --json for all)")
     for ni, node in enumerate(t.numa_nodes):
@@ -93,7 +119,7 @@ def to_json(t: Topology) -> dict:
             for n in t.numa_nodes
         ],
         "l3_domains": [
-            {"id": d.id, "cpus": list(d.cpus), "numa_node": d.numa_node, "package": d.package,
+            {"id": d.id, "cpus": list(d.cpus), "numa_nodes": list(d.numa_nodes), "package": d.package,
              "size_bytes": d.size_bytes, "cores": cores_by_l3[d.id]}
             for d in t.l3_domains
         ],
