@@ -2,9 +2,9 @@
 
 Classes of a pair of CPUs (a, b), from nearest to farthest:
   smt      same physical core (SMT siblings)
-  l3       same L3 domain (chiplet), other core
+  l3       same L3 domain (chiplet) and same NUMA node, other core
   node     same NUMA node, other L3 domain (across chiplets)
-  package  same package, other NUMA node (SNC / NPS modes)
+  package  same package, other NUMA node (SNC / NPS modes; with SNC both may share one L3)
   remote   other package (across sockets)
 """
 
@@ -38,9 +38,9 @@ def pair_class(t: Topology, a: int, b: int) -> str:
         raise UsageError(f"CPU {missing} is not in the topology ({t.source})", "check --cpus against `tilewise topo`")
     if ca.id == cb.id:
         return "smt"
-    if ca.l3 == cb.l3:
-        return "l3"
     if ca.numa_node == cb.numa_node:
+        if ca.l3 == cb.l3:
+            return "l3"
         return "node"
     if ca.package == cb.package:
         return "package"
