@@ -37,13 +37,16 @@ class FakeProc(ProcFS):
             self.wait_ns = getattr(self, "wait_ns", 0.0) + max(0.0, d - self.cores) * (now - self.last) * 1e9
             self.last = now
 
-    def alive(self, pid):
+    def alive(self, pid, cache=None):
         return self.dies_at is None or self.clock() < self.dies_at
 
-    def tree(self, pid):
+    def tree(self, pid, cache=None):
         return {pid: pid} if self.alive(pid) else {}
 
-    def times_ns(self, pid, tid):
+    def tids(self, pid):
+        return [pid] if self.alive(pid) else []
+
+    def times_ns(self, pid, tid, cache=None):
         self._advance()
         return int(self.run_ns), int(getattr(self, "wait_ns", 0.0))
 

@@ -10,6 +10,7 @@ from tilewise.cli import LazyGroup
 BENCH_COMMANDS = {
     "tpch": "tilewise.cli.bench_tpch:tpch",
     "elastic": "tilewise.cli.bench_elastic:bench_elastic",
+    "elastic-tick": "tilewise.cli.bench_tick:bench_tick",
 }
 
 

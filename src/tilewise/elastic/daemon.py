@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from tilewise import cpulist
 from tilewise.elastic import modes, petri
 from tilewise.elastic.enforce import Enforcer
-from tilewise.elastic.metrics import CpuMeter, ProcFS, cgroup_tasks
+from tilewise.elastic.metrics import CpuMeter, FdCache, ProcFS, cgroup_tasks
 from tilewise.errors import TilewiseError, UsageError
 
 LOG_VERSION = 1
@@ -31,18 +31,40 @@ LOG_VERSION = 1
 
 @dataclass
 class PidTarget:
+    """A process and everything it spawns. Between full scans (every rescan_s, reading each
+    thread's children file) a tick only re-lists the threads of the processes already known, so a
+    child process started meanwhile is counted from the next full scan on (it inherits the CPUs
+    and the cgroup of its parent at fork, so enforcement holds in between)."""
+
     pid: int
     proc: ProcFS = field(default_factory=ProcFS)
+    rescan_s: float = 1.0
+    _fds: FdCache = field(default_factory=FdCache, repr=False)
+    _tree: dict | None = field(default=None, repr=False)
+    _next_scan: float = 0.0
 
     @property
     def name(self) -> str:
         return f"pid {self.pid}"
 
     def alive(self) -> bool:
-        return self.proc.alive(self.pid)
+        return self.proc.alive(self.pid, self._fds)
 
-    def tasks(self) -> dict[int, int]:
-        return self.proc.tree(self.pid) if self.alive() else {}
+    def tasks(self, now: float | None = None) -> dict[int, int]:
+        """tid -> pid of the tree; now=None forces a full scan. The dict is the caller's to read, not change."""
+        if not self.alive():
+            self._tree = None
+            return {}
+        if self._tree is None or now is None or now >= self._next_scan:
+            self._tree = self.proc.tree(self.pid, self._fds)
+            self._fds.sweep()
+            self._next_scan = (now if now is not None else 0.0) + self.rescan_s
+        else:
+            self._tree = {t: p for p in set(self._tree.values()) for t in self.proc.tids(p)}
+        return self._tree
+
+    def close(self) -> None:
+        self._fds.close()
 
     def allowed_cpus(self) -> tuple[int, ...]:
         try:
@@ -66,7 +88,7 @@ class CgroupTarget:
     def name(self) -> str:
         return f"cgroup {self.path}"
 
-    def tasks(self) -> dict[int, int]:
+    def tasks(self, now: float | None = None) -> dict[int, int]:
         out: dict[int, int] = {}
         for d in [self.path, *self.extra]:
             try:
@@ -120,6 +142,8 @@ class Unit:
     pages: dict = field(default_factory=dict)
     pages_t: float | None = None
     meter: CpuMeter = field(default_factory=CpuMeter)
+    fds: FdCache = field(default_factory=FdCache, repr=False)  # its threads' schedstat files, open between ticks
+    _cpus_of: tuple = field(default=(None, (), ""), repr=False)  # (allocation, its CPUs, as text)
     done: str | None = None  # why this unit stopped
 
     def __post_init__(self) -> None:
@@ -132,7 +156,17 @@ class Unit:
 
     @property
     def cpus(self) -> tuple[int, ...]:
-        return self.pool.cpus(self.allocated)
+        """The CPUs of the allocated cores (sorted), recomputed only when the allocation changed."""
+        key = tuple(self.allocated)
+        if key != self._cpus_of[0]:
+            cpus = self.pool.cpus(key)
+            self._cpus_of = (key, cpus, cpulist.format(cpus))
+        return self._cpus_of[1]
+
+    @property
+    def cpus_text(self) -> str:
+        self.cpus  # noqa: B018 - refreshes the cache
+        return self._cpus_of[2]
 
     def decide(self, u: float, pages=None) -> petri.StepResult:
         """The pure part of a tick: step the net with u, apply its action to the allocation.
@@ -162,7 +196,7 @@ class Unit:
         rec = {"t": round(t, 6), "unit": self.name, "u": round(u, 3),
                "transitions": list(res.transitions), "marking": res.state.marking(),
                "action": {1: "allocate", -1: "release", 0: "none"}[res.action],
-               "n_alloc": res.state.n_alloc, "cores": sorted(self.allocated), "cpus": cpulist.format(self.cpus)}
+               "n_alloc": res.state.n_alloc, "cores": sorted(self.allocated), "cpus": self.cpus_text}
         rec["marking"]["Checks"] = round(u, 3)
         if self.mode == "adaptive":
             rec["pages"] = {str(k): v for k, v in sorted(self.pages.items())}
@@ -207,7 +241,7 @@ class Daemon:
         self._wall0 = time.monotonic()
         self._started = True
         for u in self.units:
-            tasks = u.target.tasks()
+            tasks = u.target.tasks(self.t0)
             if not tasks:
                 raise TilewiseError(f"{u.target.name} has no running task", "is it still running?")
             u.begin(self._pages(u, tasks, self.t0, force=True))
@@ -217,20 +251,21 @@ class Daemon:
 
                 if isinstance(u.enforcer, CgroupEnforcer) and isinstance(u.target, CgroupTarget):
                     u.target.extra.append(u.enforcer.path)
-            u.meter.sample(self._runtimes(tasks), self.clock(), len(u.cpus))
+            u.meter.sample(self._runtimes(u, tasks), self.clock(), len(u.cpus))
             if self.log:
                 self.log({"t": 0.0, "unit": u.name, "event": "start", "n_alloc": 1, "cores": sorted(u.allocated),
-                          "cpus": cpulist.format(u.cpus), "n_total": u.pool.n_total, "mode": u.mode,
+                          "cpus": u.cpus_text, "n_total": u.pool.n_total, "mode": u.mode,
                           "enforce": "dry-run" if self.dry_run or u.enforcer is None else u.enforcer.kind,
                           "marking": u.state.marking()})
 
-    def _runtimes(self, tasks: dict[int, int]) -> dict[int, tuple[int, int]]:
-        out = {}
-        for tid, pid in tasks.items():
-            ns = self.proc.times_ns(pid, tid)
-            if ns is not None:
-                out[tid] = ns
-        return out
+    def _runtimes(self, u: Unit, tasks: dict[int, int]) -> dict[int, tuple[int, int]]:
+        return self.proc.times(tasks, u.fds)
+
+    def _release_files(self, u: Unit) -> None:
+        u.fds.close()
+        close = getattr(u.target, "close", None)
+        if close is not None:
+            close()
 
     def _pages(self, u: Unit, tasks, now: float, force: bool = False) -> dict | None:
         if u.mode != "adaptive":
@@ -251,13 +286,14 @@ class Daemon:
         for u in self.units:
             if u.done:
                 continue
-            tasks = u.target.tasks()
+            tasks = u.target.tasks(now)
             if not tasks:
                 u.done = "target exited"
                 out.append({"t": round(now - self.t0, 6), "unit": u.name, "event": "target exited"})
+                self._release_files(u)
                 self._restore(u)
                 continue
-            m = u.meter.sample(self._runtimes(tasks), now, len(u.cpus))
+            m = u.meter.sample(self._runtimes(u, tasks), now, len(u.cpus))
             if m is None:
                 continue
             load = m["demand"]
@@ -325,6 +361,8 @@ class Daemon:
         if self._closed:
             return
         self._closed = True
+        for u in self.units:
+            self._release_files(u)
         for u in reversed(self.units):
             if u.enforcer is not None and u.enforcer.doc:
                 try:

@@ -14,6 +14,7 @@ a core out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from tilewise.errors import UsageError
 from tilewise.topology.model import Core, Topology
@@ -33,11 +34,39 @@ class Pool:
     def n_total(self) -> int:
         return len(self.cores)
 
+    # computed once per pool (the pool never changes): a tick at 256 cores must not re-sort it
+    @cached_property
+    def by_id(self) -> dict[int, Core]:
+        return {c.id: c for c in self.cores}
+
+    @cached_property
+    def dense(self) -> tuple[int, ...]:
+        rank = {n: i for i, n in enumerate(self.node_order)}
+        return tuple(c.id for c in sorted(self.cores, key=lambda c: (rank[c.numa_node], c.l3, c.id)))
+
+    @cached_property
+    def sparse(self) -> tuple[int, ...]:
+        per_node: dict[int, list[int]] = {n: [] for n in self.node_order}
+        for cid in self.dense:
+            per_node[self.by_id[cid].numa_node].append(cid)
+        out, j = [], 0
+        while len(out) < self.n_total:
+            for n in self.node_order:
+                if j < len(per_node[n]):
+                    out.append(per_node[n][j])
+            j += 1
+        return tuple(out)
+
+    @cached_property
+    def dense_pos(self) -> dict[int, int]:
+        return {cid: i for i, cid in enumerate(self.dense)}
+
+    @cached_property
+    def sparse_pos(self) -> dict[int, int]:
+        return {cid: i for i, cid in enumerate(self.sparse)}
+
     def core(self, cid: int) -> Core:
-        for c in self.cores:
-            if c.id == cid:
-                return c
-        raise KeyError(cid)
+        return self.by_id[cid]
 
     def cpus(self, core_ids) -> tuple[int, ...]:
         return tuple(sorted(p for cid in core_ids for p in self.cpus_by_core[cid]))
@@ -61,24 +90,6 @@ def make_pool(t: Topology, allowed_cpus=None, smt: bool = False) -> Pool:
     return Pool(tuple(cores), cpus_by_core, tuple(n for n in node_ids if n in used))
 
 
-def dense_order(pool: Pool) -> list[int]:
-    rank = {n: i for i, n in enumerate(pool.node_order)}
-    return [c.id for c in sorted(pool.cores, key=lambda c: (rank[c.numa_node], c.l3, c.id))]
-
-
-def sparse_order(pool: Pool) -> list[int]:
-    per_node: dict[int, list[int]] = {n: [] for n in pool.node_order}
-    for cid in dense_order(pool):
-        per_node[pool.core(cid).numa_node].append(cid)
-    out, j = [], 0
-    while len(out) < pool.n_total:
-        for n in pool.node_order:
-            if j < len(per_node[n]):
-                out.append(per_node[n][j])
-        j += 1
-    return out
-
-
 def priority_queue(pool: Pool, pages: dict | None) -> list[tuple[int, int]]:
     """(node, pages) of the pool's nodes, highest priority (most pages) first; ties by node order."""
     pages = pages or {}
@@ -93,16 +104,27 @@ def _has_pages(pages: dict | None) -> bool:
 def choose_allocate(pool: Pool, allocated, mode: str, pages: dict | None = None) -> int | None:
     """The next core to hand out, or None when the pool is exhausted."""
     held = set(allocated)
+    by_id = pool.by_id
     if mode == "adaptive" and _has_pages(pages):
-        dense = dense_order(pool)
-        pos = {cid: i for i, cid in enumerate(dense)}
-        held_l3 = {pool.core(c).l3 for c in held}
+        held_l3 = {by_id[c].l3 for c in held}
         for node, _ in priority_queue(pool, pages):
-            free = [c for c in dense if c not in held and pool.core(c).numa_node == node]
-            if free:
-                return min(free, key=lambda c: (pool.core(c).l3 not in held_l3, pos[c]))
+            # the dense order is node-major then L3: the first free core of the node in an L3
+            # already held, else the node's first free core
+            first = None
+            for c in pool.dense:
+                if c in held:
+                    continue
+                core = by_id[c]
+                if core.numa_node != node:
+                    continue
+                if core.l3 in held_l3:
+                    return c
+                if first is None:
+                    first = c
+            if first is not None:
+                return first
         return None
-    order = sparse_order(pool) if mode == "sparse" else dense_order(pool)
+    order = pool.sparse if mode == "sparse" else pool.dense
     for cid in order:
         if cid not in held:
             return cid
@@ -115,16 +137,14 @@ def choose_release(pool: Pool, allocated, mode: str, pages: dict | None = None) 
     if len(held) <= 1:
         return None
     if mode == "adaptive" and _has_pages(pages):
-        dense = dense_order(pool)
-        pos = {cid: i for i, cid in enumerate(dense)}
+        pos, by_id = pool.dense_pos, pool.by_id
         for node, _ in reversed(priority_queue(pool, pages)):
-            mine = [c for c in held if pool.core(c).numa_node == node]
+            mine = [c for c in held if by_id[c].numa_node == node]
             if mine:
-                return max(mine, key=lambda c: pos[c])
+                return max(mine, key=pos.__getitem__)
         return None
-    order = sparse_order(pool) if mode == "sparse" else dense_order(pool)
-    pos = {cid: i for i, cid in enumerate(order)}
-    return max(held, key=lambda c: pos[c])
+    pos = pool.sparse_pos if mode == "sparse" else pool.dense_pos
+    return max(held, key=pos.__getitem__)
 
 
 def first_core(pool: Pool, mode: str, pages: dict | None = None) -> int:

@@ -1,0 +1,110 @@
+"""`tilewise bench elastic-tick`: the elastic controller's CPU cost per tick (synthetic or real /proc)."""
+
+from __future__ import annotations
+
+import click
+
+from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.errors import UsageError
+
+DEFAULT_SYNTHETIC = "synthetic:Package:2 [NUMANode] L3Cache:16 Core:8 PU:1"  # 256 CPUs
+
+
+@click.command("elastic-tick")
+@click.option("--proc", "proc_kind", type=click.Choice(["synthetic", "real"]), default="synthetic", show_default=True,
+              help="synthetic: a generated /proc for a target on --topology (any size); real: a target on this machine.")
+@topology_option
+@click.option("--modes", "mode_list", default="dense,sparse,adaptive", show_default=True, help="Allocation modes to run.")
+@click.option("--threads", type=int, default=None,
+              help="Threads of the target (default: synthetic, one per CPU of the topology; real: 16).")
+@click.option("--processes", type=int, default=1, show_default=True, help="synthetic: processes in the target's tree.")
+@click.option("--ticks", type=int, default=None, help="synthetic: ticks per mode (default: 3 x (cores + 10)).")
+@click.option("--mappings", type=int, default=500, show_default=True, help="synthetic: lines of each numa_maps.")
+@click.option("--duration", type=float, default=10.0, show_default=True, help="real: seconds per mode.")
+@click.option("--busy", type=float, default=0.5, show_default=True, help="real: busy fraction of each target thread.")
+@click.option("--enforce", type=click.Choice(["auto", "cgroup", "affinity", "none"]), default="auto", show_default=True,
+              help="real: how cores are handed out (none: measure and decide only).")
+@click.option("--interval", type=float, default=0.1, show_default=True, help="Seconds between ticks.")
+@click.option("--pages-interval", type=float, default=1.0, show_default=True, help="adaptive: seconds between numa_maps reads.")
+@click.option("--out", "out_dir", default=None, metavar="DIR", help="Also write DIR/results.json.")
+@json_option
+def bench_tick(proc_kind, topology_src, mode_list, threads, processes, ticks, mappings, duration, busy, enforce, interval,
+               pages_interval, out_dir, as_json):
+    """Per-tick CPU time of the elastic daemon (mean/median/p99/max) and its share of one core.
+
+    \b
+    tilewise bench elastic-tick                       # 256 CPUs, synthetic /proc
+    tilewise bench elastic-tick --topology synthetic:"Package:1 [NUMANode] L3Cache:2 Core:8 PU:1"
+    tilewise bench elastic-tick --proc real --threads 16 --duration 10
+    """
+    from tilewise import topology
+    from tilewise.elastic import modes as M
+    from tilewise.elastic import tickbench as tb
+    from tilewise.environment import capture
+    from tilewise.fsutil import atomic_write_json, ensure_writable_dir
+
+    chosen = [m.strip() for m in mode_list.split(",") if m.strip()]
+    bad = [m for m in chosen if m not in M.MODES]
+    if bad or not chosen:
+        raise UsageError(f"unknown mode {bad[0] if bad else mode_list!r}", f"choose from {', '.join(M.MODES)}")
+    for name, v in (("--threads", threads), ("--ticks", ticks)):
+        if v is not None and v < 1:
+            raise UsageError(f"{name} must be >= 1, got {v}")
+    if processes < 1 or mappings < 1:
+        raise UsageError("--processes and --mappings must be >= 1")
+    if interval <= 0 or pages_interval <= 0 or duration <= 0:
+        raise UsageError("--interval, --pages-interval and --duration must be positive")
+    if not 0 <= busy <= 1:
+        raise UsageError(f"--busy must be between 0 and 1, got {busy}")
+    if proc_kind == "real":
+        if topology_src:
+            raise UsageError("--proc real runs on this machine's topology", "drop --topology")
+        topo = topology.load(None)
+    else:
+        topology_src = topology_src or DEFAULT_SYNTHETIC
+        topo = topology.load(topology_src)
+    out = ensure_writable_dir(out_dir) if out_dir else None  # a bad --out fails before anything runs
+    say = console(stderr=True)
+    cases = []
+    for m in chosen:
+        if not as_json:
+            say.print(f"{proc_kind} /proc, {m}: ...", markup=False)
+        if proc_kind == "synthetic":
+            cases.append(tb.run_synthetic(topology_src, threads=threads, processes=processes, mode=m, ticks=ticks,
+                                          interval=interval, pages_interval=pages_interval, mappings=mappings))
+        else:
+            cases.append(tb.run_real(threads=threads or 16, busy=busy, mode=m, duration=duration, interval=interval,
+                                     pages_interval=pages_interval, enforce="auto" if enforce == "none" else enforce,
+                                     dry_run=enforce == "none"))
+    doc = {"format": tb.FORMAT, "environment": capture(topo), "proc": proc_kind, "cases": cases}
+    if out is not None:
+        atomic_write_json(out / "results.json", doc)
+    if as_json:
+        emit_json(doc)
+        return
+    _table(doc)
+
+
+def _table(doc: dict) -> None:
+    from rich.table import Table
+
+    c = console()
+    c.width = max(c.width, 120)
+    tab = Table(show_edge=False, pad_edge=False)
+    for col in ("mode", "cpus", "threads", "ticks", "mean ms", "median ms", "p99 ms", "max ms", "% core", "budget"):
+        tab.add_column(col, justify="left" if col in ("mode", "budget") else "right")
+    for r in doc["cases"]:
+        st = r["tick_cpu_ms"]
+        pct = r.get("daemon_cpu_pct_of_core", st["core_pct_at_interval"])
+        tab.add_row(r["mode"], str(r["cpus"]), str(r["threads"]), str(st["ticks"]), _f(st["mean"]), _f(st["median"]),
+                    _f(st["p99"]), _f(st["max"]), _f(pct, ".2f"),
+                    f"{r['verdict']} (< {r['budget_ms']:g} ms)")
+    c.print(tab)
+    first = doc["cases"][0]
+    c.print(f"{first['proc']} /proc, {first['topology']}, enforcement {first['enforce']}, tick every {first['interval_s']:g} s; "
+            "% core: " + ("daemon CPU time over wall time" if first["proc"] == "real" else "mean tick CPU over the interval"),
+            markup=False)
+
+
+def _f(x, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
