@@ -45,3 +45,11 @@ def run_cli(*args: str, check: bool = False, timeout: float = 300, env: dict | N
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def jcch_sf01(tmp_path_factory):
+    """A JCC-H SF 0.1 set (seed 0), generated once per test session into a tmp dir (~10 s)."""
+    from tilewise.data import jcch
+
+    return jcch.dataset(0.1, tmp_path_factory.mktemp("jcch-data"), seed=0)

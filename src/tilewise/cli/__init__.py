@@ -21,6 +21,7 @@ COMMANDS = {
     "plan": "tilewise.cli.plan:plan_cmd",
     "exec": "tilewise.cli.exec:exec_cmd",
     "bench": "tilewise.cli.bench:bench",
+    "data": "tilewise.cli.data:data",
     "up": "tilewise.cli.cluster:up_cmd",
     "status": "tilewise.cli.cluster:status_cmd",
     "down": "tilewise.cli.cluster:down_cmd",

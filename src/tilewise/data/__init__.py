@@ -34,7 +34,8 @@ class Dataset:
     @property
     def label(self) -> str:
         seed = f", seed {self.seed}" if self.seed is not None else ""
-        return f"{self.benchmark.upper()} SF {self.sf:g}{seed}"
+        name = {"tpch": "TPC-H", "jcch": "JCC-H"}.get(self.benchmark, self.benchmark.upper())
+        return f"{name} SF {self.sf:g}{seed}"
 
     def parquet_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.tables.values() if p.exists())

@@ -1,0 +1,150 @@
+"""The data cache: one directory per generated set, built whole or not at all.
+
+A set is <root>/<name>/{<table>.parquet..., manifest.json}. It is built into a temporary sibling
+directory and renamed into place, under a lock per set, so a crash never leaves half a set and two
+generators of the same set never race (the second waits and reuses). A set whose manifest, file
+sizes or Parquet footers do not check out is rebuilt. The manifest names the format of the set
+(which generator, which rules), the generator versions and every table's rows and bytes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tilewise.data import TABLES
+from tilewise.errors import TilewiseError, UsageError
+from tilewise.fsutil import atomic_write_json
+
+MANIFEST = "manifest.json"
+
+# progress(task, done, total): what a long build reports (total None: unknown)
+Progress = Callable[[str, float, "float | None"], None]
+
+
+def cache_root(kind: str) -> Path:
+    """~/.cache/tilewise/<kind> (XDG_CACHE_HOME honoured)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tilewise" / kind
+
+
+def read_manifest(d: Path) -> dict | None:
+    try:
+        return json.loads((Path(d) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_valid(d: Path, fmt: str) -> bool:
+    """True when d holds a complete set of format fmt: manifest, every table, sizes and footers match."""
+    try:
+        man = read_manifest(d)
+        if not man or man.get("format") != fmt:
+            return False
+        import pyarrow.parquet as pq
+
+        for t in TABLES:
+            f = Path(d) / f"{t}.parquet"
+            info = man["tables"][t]
+            if f.stat().st_size != info["bytes"]:
+                return False
+            if pq.read_metadata(f).num_rows != info["rows"]:
+                return False
+        return True
+    except Exception:  # any unreadable piece means "rebuild"
+        return False
+
+
+def table_info(d: Path) -> dict:
+    """{table: {rows, bytes}} of the Parquet files in d (each must exist)."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for t in TABLES:
+        f = Path(d) / f"{t}.parquet"
+        if not f.exists():
+            raise TilewiseError(f"the generator did not write {f.name}")
+        out[t] = {"rows": pq.read_metadata(f).num_rows, "bytes": f.stat().st_size}
+    return out
+
+
+def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, log=None) -> Path:
+    """The set at target, built by build(tmp_dir) -> manifest fields when missing or invalid."""
+    target = Path(target)
+    if is_valid(target, fmt):
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(target.parent / f".{target.name}.lock", "w")
+    except OSError as e:
+        raise UsageError(f"cannot use data directory {target.parent}: {e.strerror}", "pass --data-dir DIR") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per set at a time; others wait and reuse
+        if is_valid(target, fmt):
+            return target
+        if log:
+            log(f"generating {what} into {target}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            t0 = time.monotonic()
+            extra = build(tmp)
+            man = {"format": fmt, **extra, "tables": table_info(tmp),
+                   "generated_s": round(time.monotonic() - t0, 2)}
+            atomic_write_json(tmp / MANIFEST, man)
+            if target.exists():  # a corrupt or partial old set: move it aside, then drop it
+                old = target.with_name(f".{target.name}.old-{os.getpid()}")
+                os.rename(target, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def run_with_size_progress(cmd: list[str], out_dir: Path, *, task: str, expected_bytes: float | None,
+                           progress: Progress | None, what: str) -> None:
+    """Run a generator subprocess; while it runs, report the bytes it has written under out_dir.
+    Raises TilewiseError with the tail of its stderr when it fails; kills it on any exception."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    try:
+        while proc.poll() is None:
+            if progress:
+                progress(task, float(_tree_bytes(out_dir)), expected_bytes)
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    reader.join(timeout=5)
+    if proc.returncode != 0:
+        raise TilewiseError(f"{what} failed: {''.join(err).strip()[-300:]}")
+    if progress:
+        size = float(_tree_bytes(out_dir))
+        progress(task, size, size)
+
+
+def _tree_bytes(d: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(d):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
