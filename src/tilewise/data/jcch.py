@@ -27,6 +27,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -222,7 +223,7 @@ class _Rows:
     def __init__(self, path: Path, columns: list[str]) -> None:
         import pyarrow.parquet as pq
 
-        self.it = pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS, columns=columns)
+        self.it = pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=CHUNK_ROWS, columns=columns)
         self.buf: list = []
         self.have = 0
 
@@ -277,7 +278,7 @@ class _Gen:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        f = pq.ParquetFile(src)
+        f = pq.ParquetFile(src, pre_buffer=False)  # streamed: no read cache of the whole file
         schema = _string_schema(f.schema_arrow)
         w = _Writer(dst, schema)
         for b in f.iter_batches(batch_size=CHUNK_ROWS):
@@ -299,7 +300,7 @@ class _Gen:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        f = pq.ParquetFile(src)
+        f = pq.ParquetFile(src, pre_buffer=False)  # streamed: no read cache of the whole file
         schema = _string_schema(f.schema_arrow)
         w = _Writer(dst, schema)
         for b in f.iter_batches(batch_size=CHUNK_ROWS):
@@ -409,7 +410,7 @@ class _Gen:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(orders_src)
+        pf = pq.ParquetFile(orders_src, pre_buffer=False)
         parts, n = [], 0
         for b in pf.iter_batches(batch_size=CHUNK_ROWS, columns=["o_comment"]):
             spaced = pc.binary_join_element_wise(b.column(0).cast("string"), " ", "")  # comment + " "
@@ -534,36 +535,38 @@ class _Gen:
         status = np.zeros(len(okey), dtype=np.int8)  # 0 O, 1 F, 2 P
         status[ordi] = np.where(nf == cnt, 1, np.where(nf > 0, 2, 0))
 
-        pieces = []
-        cut = 0
-        for m in np.flatnonzero(pop):
-            end = int(starts[np.searchsorted(ordi, m)])  # ordinary lines of orders before m
-            pieces.append(ordinary.slice(cut, end - cut))
-            cut = end
-            mtotal = 0
-            h = int(ho[m])
-            for a in range(0, s.mega_lines, CHUNK_ROWS):
-                n = min(CHUNK_ROWS, s.mega_lines - a)
-                pos = np.arange(a, a + n)
-                keys = J.mega_line_keys(pos, int(region[m]), s, hs)
-                mrng = _rng(self.seed, _TAG_MEGA, h, a // CHUNK_ROWS)
-                mcols, mprice, _ = self._lines(mrng, np.full(n, okey[m]), np.full(n, date[m]),
-                                               np.full(n, region[m]), pos + 1, None, part_supp=keys)
-                pieces.append(pa.table(mcols))
-                mtotal += int(mprice.sum())
-            total[m] = mtotal
-            status[m] = 1  # populous orders are 'F'
-        pieces.append(ordinary.slice(cut))
+        # ordinary lines split where the mega orders' lines go (they are separate jobs)
+        megas = np.flatnonzero(pop)
+        cuts = [0] + [int(starts[np.searchsorted(ordi, m)]) for m in megas] + [len(ordinary)]
+        segments = [ordinary.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])]
+        status[megas] = 1  # populous orders are 'F'
         orders = t.set_column(t.schema.get_field_index("o_custkey"), "o_custkey", pa.array(cust))
-        for name, col in (("o_orderstatus", _pick(("O", "F", "P"), status)), ("o_totalprice", _decimal(total)),
-                          ("o_orderdate", _date32(date)), ("o_comment", comment)):
+        for name, col in (("o_orderstatus", _pick(("O", "F", "P"), status)), ("o_orderdate", _date32(date)),
+                          ("o_comment", comment)):
             orders = orders.set_column(orders.schema.get_field_index(name), name, col)
-        return orders, pieces
+        return _Block(orders, total, megas, segments)
+
+    def _mega_piece(self, index: int, piece: int):
+        """Lines [piece * CHUNK_ROWS, ...) of the populous order with dense index `index`: only
+        the rules decide its key, date and region, so it needs no input."""
+        import pyarrow as pa
+
+        s, hs = self.s, self.hs
+        h = hs.orders.h(index)
+        region = h % 5
+        a = piece * CHUNK_ROWS
+        n = min(CHUNK_ROWS, s.mega_lines - a)
+        pos = np.arange(a, a + n)
+        keys = J.mega_line_keys(pos, region, s, hs)
+        day = J.BF_DAYS[J.POPULOUS_ORDER_YEARS[h]]
+        cols, price, _ = self._lines(_rng(self.seed, _TAG_MEGA, h, piece), np.full(n, int(J.order_key(index))),
+                                     np.full(n, day), np.full(n, region), pos + 1, None, part_supp=keys)
+        return pa.table(cols), int(price.sum())
 
     def orders_lineitem(self, src: Path, orders_dst: Path, lineitem_dst: Path) -> tuple[int, int]:
         import pyarrow.parquet as pq
 
-        f = pq.ParquetFile(src)
+        f = pq.ParquetFile(src, pre_buffer=False)  # streamed: no read cache of the whole file
         oschema = _string_schema(f.schema_arrow)
         w_o = _Writer(orders_dst, oschema)
         w_l = _Writer(lineitem_dst, _lineitem_schema())
@@ -572,18 +575,45 @@ class _Gen:
         reader = _Rows(src, None)
         nblocks = -(-self.s.orders // BLOCK_ORDERS)
 
-        def block(b: int):
-            n = min(BLOCK_ORDERS, self.s.orders - b * BLOCK_ORDERS)
-            return self._block(b, reader.take(n).cast(oschema))
+        pieces = -(-self.s.mega_lines // CHUNK_ROWS)
+        state: dict = {}
 
-        def write(result) -> None:
-            orders, pieces = result
-            for p in pieces:
-                w_l.write(p)
-                self._report("orders+lineitem", w_l.rows, total_lines)
-            w_o.write(orders)
+        def jobs():
+            """Per block: its orders and ordinary lines, then each of its mega orders in pieces
+            (planned from the rules: a mega order's lines never wait in memory for its block)."""
+            for b in range(nblocks):
+                n = min(BLOCK_ORDERS, self.s.orders - b * BLOCK_ORDERS)
+                yield lambda b=b, n=n: ("block", self._block(b, reader.take(n).cast(oschema)))
+                for m in sorted(i for i in mega if (i - 1) // BLOCK_ORDERS == b):
+                    for k in range(pieces):
+                        yield lambda m=m, k=k: ("mega", (k, *self._mega_piece(m, k)))
 
-        _pipeline(((lambda b=b: block(b)) for b in range(nblocks)), write)
+        def lines(t) -> None:
+            w_l.write(t)
+            self._report("orders+lineitem", w_l.rows, total_lines)
+
+        def consume(result) -> None:
+            kind, r = result
+            if kind == "block":
+                state.update(block=r, mega=0, total=0)
+                lines(r.segments[0])
+            else:
+                k, table, price = r
+                lines(table)
+                state["total"] += price
+                if k == pieces - 1:  # the mega order is complete: its total, then the next segment
+                    blk = state["block"]
+                    blk.total[blk.megas[state["mega"]]] = state["total"]
+                    state["mega"] += 1
+                    state["total"] = 0
+                    lines(blk.segments[state["mega"]])
+            blk = state["block"]
+            if state["mega"] == len(blk.megas) and state.get("written") is not blk:
+                w_o.write(blk.orders.set_column(blk.orders.schema.get_field_index("o_totalprice"), "o_totalprice",
+                                                _decimal(blk.total)))
+                state["written"] = blk
+
+        _pipeline(jobs(), consume)
         return w_o.close(), w_l.close()
 
 
@@ -592,6 +622,14 @@ _BF_TABLE = np.array([J.BF_DAYS.get(y, 0) for y in range(1992, 1999)], dtype=np.
 
 def _bf_days(year: np.ndarray) -> np.ndarray:
     return _BF_TABLE[np.clip(year - 1992, 0, 6)]
+
+
+@dataclass
+class _Block:
+    orders: object  # pyarrow Table, o_totalprice still TPC-H's
+    total: np.ndarray  # o_totalprice in cents; the mega orders' filled in as their pieces are written
+    megas: np.ndarray  # positions of the block's mega orders
+    segments: list  # ordinary lines before, between and after the mega orders
 
 
 def _pipeline(jobs, consume) -> None:
