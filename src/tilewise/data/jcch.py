@@ -255,83 +255,74 @@ class _Gen:
 
     # -- supplier, customer, part: column-wise rewrites ------------------------------------------
 
-    def supplier(self, src: Path, dst: Path) -> int:
+    def _rewrite(self, name: str, src: Path, dst: Path, rows: int, columns) -> int:
+        """Stream a TPC-H table through columns(table) -> {column: new values} into dst."""
         import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        t = pq.read_table(src)
-        schema = _string_schema(t.schema)
-        t = t.cast(schema)
-        h = self.hs.supplier.h(t["s_suppkey"].to_numpy())
-        empty = pa.array((h % self.s.supp_block) < 4)  # the top-4 suppliers of each region
-        t = t.set_column(t.schema.get_field_index("s_nationkey"), "s_nationkey",
-                         pa.array(J.bin_nationkey(h, self.s.suppliers)))
-        t = t.set_column(t.schema.get_field_index("s_comment"), "s_comment", pc.if_else(empty, "", t["s_comment"]))
+        f = pq.ParquetFile(src, pre_buffer=False)  # streamed: no read cache of the whole file
+        schema = _string_schema(f.schema_arrow)
         w = _Writer(dst, schema)
-        w.write(t)
-        self._report("supplier", 1, 1)
+        for b in f.iter_batches(batch_size=CHUNK_ROWS):
+            w.write(_replace(pa.Table.from_batches([b]).cast(schema), columns))
+            self._report(name, w.rows, rows)
         return w.close()
+
+    def supplier(self, src: Path, dst: Path) -> int:
+        return self._rewrite("supplier", src, dst, self.s.suppliers, self._supplier_columns)
 
     def customer(self, src: Path, dst: Path) -> int:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        f = pq.ParquetFile(src, pre_buffer=False)  # streamed: no read cache of the whole file
-        schema = _string_schema(f.schema_arrow)
-        w = _Writer(dst, schema)
-        for b in f.iter_batches(batch_size=CHUNK_ROWS):
-            t = pa.Table.from_batches([b]).cast(schema)
-            h = self.hs.customer.h(t["c_custkey"].to_numpy())
-            populous = pa.array(h % self.s.cust_block == 0)
-            code = pa.array([f"{4 + r}0" for r in range(5)]).take(pa.array(J.customer_region_of_hash(h, self.s)))
-            phone = pc.if_else(populous, pc.binary_join_element_wise(code, pc.utf8_slice_codeunits(t["c_phone"], 2), ""),
-                               t["c_phone"])
-            t = t.set_column(t.schema.get_field_index("c_nationkey"), "c_nationkey",
-                             pa.array(J.bin_nationkey(h, self.s.customers)))
-            t = t.set_column(t.schema.get_field_index("c_phone"), "c_phone", phone)
-            w.write(t)
-            self._report("customer", w.rows, self.s.customers)
-        return w.close()
+        return self._rewrite("customer", src, dst, self.s.customers, self._customer_columns)
 
     def part(self, src: Path, dst: Path) -> int:
+        return self._rewrite("part", src, dst, self.s.parts, self._part_columns)
+
+    def _supplier_columns(self, t) -> dict:
         import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
-        f = pq.ParquetFile(src, pre_buffer=False)  # streamed: no read cache of the whole file
-        schema = _string_schema(f.schema_arrow)
-        w = _Writer(dst, schema)
-        for b in f.iter_batches(batch_size=CHUNK_ROWS):
-            t = pa.Table.from_batches([b]).cast(schema)
-            hp = self.hs.part.h(t["p_partkey"].to_numpy())
-            pop = hp < 20
-            brand55 = pc.equal(t["p_brand"], "Brand#55").to_numpy(zero_copy_only=False)
-            lgbox = pc.equal(t["p_container"], "LG BOX").to_numpy(zero_copy_only=False)
-            size = t["p_size"].to_numpy().astype(np.int32)
-            unref_gold = hp > self.s.ngd
-            # no other part may share two of the populous parts' attributes (build.c mk_part)
-            new_brand = pc.if_else(pa.array(~pop & brand55 & lgbox),
-                                   pc.binary_join_element_wise("Brand#1", pc.utf8_slice_codeunits(t["p_brand"], 7), ""),
-                                   t["p_brand"])
-            new_brand = pc.if_else(pa.array(pop), "Brand#55", new_brand)
-            bump = ~pop & (size == 1) & (brand55 | unref_gold | lgbox)
-            size = np.where(bump, 2 + hp % 50, size)
-            size = np.where(pop, 1, size).astype(np.int32)
-            gold_type = pop | (~pop & ~brand55 & unref_gold)
-            cols = {
-                "p_name": pc.if_else(pa.array(pop), J.GOLD_NAME, t["p_name"]),
-                "p_brand": new_brand,
-                "p_type": pc.if_else(pa.array(gold_type), J.GOLD, t["p_type"]),
-                "p_size": pa.array(size),
-                "p_container": pc.if_else(pa.array(pop), "LG BOX", t["p_container"]),
-            }
-            for name, col in cols.items():
-                t = t.set_column(t.schema.get_field_index(name), name, col)
-            w.write(t)
-            self._report("part", w.rows, self.s.parts)
-        return w.close()
+        h = self.hs.supplier.h(t["s_suppkey"].to_numpy())
+        empty = pa.array((h % self.s.supp_block) < 4)  # the top-4 suppliers of each region
+        return {"s_nationkey": pa.array(J.bin_nationkey(h, self.s.suppliers)),
+                "s_comment": pc.if_else(empty, "", t["s_comment"])}
+
+    def _customer_columns(self, t) -> dict:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        h = self.hs.customer.h(t["c_custkey"].to_numpy())
+        populous = pa.array(h % self.s.cust_block == 0)
+        code = pa.array([f"{4 + r}0" for r in range(5)]).take(pa.array(J.customer_region_of_hash(h, self.s)))
+        phone = pc.if_else(populous, pc.binary_join_element_wise(code, pc.utf8_slice_codeunits(t["c_phone"], 2), ""),
+                           t["c_phone"])
+        return {"c_nationkey": pa.array(J.bin_nationkey(h, self.s.customers)), "c_phone": phone}
+
+    def _part_columns(self, t) -> dict:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        hp = self.hs.part.h(t["p_partkey"].to_numpy())
+        pop = hp < 20
+        brand55 = pc.equal(t["p_brand"], "Brand#55").to_numpy(zero_copy_only=False)
+        lgbox = pc.equal(t["p_container"], "LG BOX").to_numpy(zero_copy_only=False)
+        size = t["p_size"].to_numpy().astype(np.int32)
+        unref_gold = hp > self.s.ngd
+        # no other part may share two of the populous parts' attributes (build.c mk_part)
+        new_brand = pc.if_else(pa.array(~pop & brand55 & lgbox),
+                               pc.binary_join_element_wise("Brand#1", pc.utf8_slice_codeunits(t["p_brand"], 7), ""),
+                               t["p_brand"])
+        new_brand = pc.if_else(pa.array(pop), "Brand#55", new_brand)
+        bump = ~pop & (size == 1) & (brand55 | unref_gold | lgbox)
+        size = np.where(bump, 2 + hp % 50, size)
+        size = np.where(pop, 1, size).astype(np.int32)
+        gold_type = pop | (~pop & ~brand55 & unref_gold)
+        return {
+            "p_name": pc.if_else(pa.array(pop), J.GOLD_NAME, t["p_name"]),
+            "p_brand": new_brand,
+            "p_type": pc.if_else(pa.array(gold_type), J.GOLD, t["p_type"]),
+            "p_size": pa.array(size),
+            "p_container": pc.if_else(pa.array(pop), "LG BOX", t["p_container"]),
+        }
 
     # -- partsupp --------------------------------------------------------------------------------
 
@@ -540,10 +531,8 @@ class _Gen:
         cuts = [0] + [int(starts[np.searchsorted(ordi, m)]) for m in megas] + [len(ordinary)]
         segments = [ordinary.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:])]
         status[megas] = 1  # populous orders are 'F'
-        orders = t.set_column(t.schema.get_field_index("o_custkey"), "o_custkey", pa.array(cust))
-        for name, col in (("o_orderstatus", _pick(("O", "F", "P"), status)), ("o_orderdate", _date32(date)),
-                          ("o_comment", comment)):
-            orders = orders.set_column(orders.schema.get_field_index(name), name, col)
+        orders = _replace(t, {"o_custkey": pa.array(cust), "o_orderstatus": _pick(("O", "F", "P"), status),
+                              "o_orderdate": _date32(date), "o_comment": comment})
         return _Block(orders, total, megas, segments)
 
     def _mega_piece(self, index: int, piece: int):
@@ -609,8 +598,7 @@ class _Gen:
                     lines(blk.segments[state["mega"]])
             blk = state["block"]
             if state["mega"] == len(blk.megas) and state.get("written") is not blk:
-                w_o.write(blk.orders.set_column(blk.orders.schema.get_field_index("o_totalprice"), "o_totalprice",
-                                                _decimal(blk.total)))
+                w_o.write(_replace(blk.orders, {"o_totalprice": _decimal(blk.total)}))
                 state["written"] = blk
 
         _pipeline(jobs(), consume)
@@ -630,6 +618,13 @@ class _Block:
     total: np.ndarray  # o_totalprice in cents; the mega orders' filled in as their pieces are written
     megas: np.ndarray  # positions of the block's mega orders
     segments: list  # ordinary lines before, between and after the mega orders
+
+
+def _replace(t, columns):
+    """t with the columns that columns(t) returns ({name: values}) swapped in."""
+    for name, values in (columns(t) if callable(columns) else columns).items():
+        t = t.set_column(t.schema.get_field_index(name), name, values)
+    return t
 
 
 def _pipeline(jobs, consume) -> None:
