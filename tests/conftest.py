@@ -31,6 +31,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs root"))
 
 
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path, monkeypatch):
+    """Journals and locks of every test go to its own directory, never to /run/tilewise."""
+    d = tmp_path / "tilewise-state"
+    monkeypatch.setenv("TILEWISE_STATE_DIR", str(d))
+    return d
+
+
 def run_cli(*args: str, check: bool = False, timeout: float = 300, env: dict | None = None, input: str | None = None):
     """Run the real `tilewise` CLI in a subprocess (end-to-end), returning CompletedProcess."""
     exe = shutil.which("tilewise", path=str(Path(sys.executable).parent)) or "tilewise"

@@ -59,7 +59,7 @@ class RecordingEnforcer(Enforcer):
         self.restored = 0
 
     def start(self, tasks, default_cpus, cpus):
-        self.doc = {"started": True}
+        self.active = True
         self.applied.append(tuple(cpus))
 
     def apply(self, cpus, tasks):
@@ -71,7 +71,7 @@ class RecordingEnforcer(Enforcer):
 
     def restore(self):
         self.restored += 1
-        self.doc = {}
+        self.active = False
         return []
 
 

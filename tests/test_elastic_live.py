@@ -48,7 +48,7 @@ def burner(tmp_path):
 def state_dir(tmp_path, monkeypatch):
     d = tmp_path / "state"
     monkeypatch.setenv("TILEWISE_STATE_DIR", str(d))
-    return d / "elastic"
+    return d / "journals"
 
 
 def cgroup_v1_writable():
@@ -66,12 +66,12 @@ def our_groups():
     return out
 
 
-def make_daemon(pid, kind, journal_dir):
+def make_daemon(pid, kind, journal_dir=None):
     t = topology.load(None)
     target = daemon.PidTarget(pid)
     pool = modes.make_pool(t, target.allowed_cpus())
     unit = daemon.Unit(target.name, pool, petri.NetConfig(10, 70, pool.n_total), "dense", target)
-    unit.enforcer = enforce.choose(kind, pid, None, journal_dir=str(journal_dir))
+    unit.enforcer = enforce.choose(kind, pid, None)
     return daemon.Daemon([unit], interval=0.1), unit
 
 
@@ -160,25 +160,92 @@ def test_vanished_target_ends_the_daemon_cleanly(tmp_path):
     assert cp.returncode == 0, cp.stderr
     s = json.loads(cp.stdout)
     assert s["stop_reason"] == "target exited" and s["restored"]
-    assert not list((tmp_path / "elastic").glob("*.json"))
+    assert not list((tmp_path / "journals").glob("*.json"))
 
 
-@pytest.mark.root
-def test_stale_journal_of_a_crashed_daemon_is_undone(burner, state_dir):
-    if not cgroup_v1_writable():
+def _elastic(pid, *extra, log=None):
+    exe = os.path.join(os.path.dirname(sys.executable), "tilewise")
+    # --th-max 100: only a saturated core adds another, so the idle burner stays on one core even
+    # when the machine is busy (these tests are about restoring, not about deciding)
+    args = [exe, "elastic", "--pid", str(pid), "--th-max", "100", *extra] + (["--log", str(log)] if log else [])
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_ticking(log, proc, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and sum(1 for _ in log.open()) >= 3:  # header, start, one tick
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    pytest.fail("daemon did not start ticking")
+
+
+@pytest.mark.parametrize("kind", ["affinity", "auto"])
+def test_two_daemons_on_one_pid_the_second_refuses_and_the_target_ends_as_it_began(burner, tmp_path, kind):
+    p, _ = burner
+    before = os.sched_getaffinity(p.pid)
+    group_before = enforce.task_cgroup(p.pid, 1)
+    first = _elastic(p.pid, "--enforce", kind, log=tmp_path / "a.jsonl")
+    try:
+        _wait_ticking(tmp_path / "a.jsonl", first)
+        assert len(os.sched_getaffinity(p.pid)) == 1  # the first one holds it on one core
+        second = _elastic(p.pid, "--enforce", kind, "--json")
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 1, (out, err)
+        assert err.startswith("Error: ") and len(err.strip().splitlines()) == 1, err
+        assert f"pid {p.pid} is already controlled by pid {first.pid} (tilewise elastic --pid {p.pid}" in err
+        assert " since " in err
+        # the second recorded nothing: the only journal is the first one's
+        assert [json.loads(j.read_text())["owner"]["pid"] for j in state_dir_files()] == [first.pid]
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert first.returncode == 130
+    assert os.sched_getaffinity(p.pid) == before
+    assert enforce.task_cgroup(p.pid, 1) == group_before
+    assert not list(state_dir_files())
+
+
+def state_dir_files():
+    from tilewise import changes
+
+    return (changes.state_dir() / "journals").glob("*.json")
+
+
+def test_sighup_is_handled_like_sigterm(burner, tmp_path):
+    p, _ = burner
+    before = os.sched_getaffinity(p.pid)
+    d = _elastic(p.pid, "--enforce", "affinity", "--json", log=tmp_path / "el.jsonl")
+    _wait_ticking(tmp_path / "el.jsonl", d)
+    d.send_signal(signal.SIGHUP)
+    out, err = d.communicate(timeout=30)
+    assert d.returncode == 130, err
+    assert "Error: interrupted (SIGHUP)" in err and "Traceback" not in err
+    assert json.loads(out)["restored"] is True
+    assert os.sched_getaffinity(p.pid) == before and not list(state_dir_files())
+
+
+@pytest.mark.parametrize("kind", ["affinity", "cgroup"])
+def test_kill_9_of_the_daemon_then_restore_undoes_it(burner, tmp_path, kind):
+    if kind == "cgroup" and not cgroup_v1_writable():
         pytest.skip("cgroup v1 cpuset not writable here")
     p, _ = burner
     before = os.sched_getaffinity(p.pid)
-    d, unit = make_daemon(p.pid, "cgroup", state_dir)
-    d.start()  # ... and "crash": no close(); pretend the daemon pid is dead
-    path = unit.enforcer.journal_path
-    doc = json.load(open(path))
-    doc["daemon_start"] = -1
-    enforce.write_journal(path, doc)
-    assert os.path.isdir(unit.enforcer.path) and len(os.sched_getaffinity(p.pid)) == 1
-    done = enforce.recover_stale(str(state_dir))
-    assert len(done) == 1 and "undid" in done[0]
-    assert not os.path.exists(unit.enforcer.path)
+    group_before = enforce.task_cgroup(p.pid, 1)
+    d = _elastic(p.pid, "--enforce", kind, log=tmp_path / "el.jsonl")
+    _wait_ticking(tmp_path / "el.jsonl", d)
+    assert len(os.sched_getaffinity(p.pid)) == 1
+    d.kill()
+    d.communicate(timeout=30)
+    assert len(os.sched_getaffinity(p.pid)) == 1 and list(state_dir_files())  # left as it was
+    if kind == "cgroup":
+        assert [g for g in our_groups() if f"-{d.pid}-" in g]
+    cp = run_cli("restore", "--json")
+    assert cp.returncode == 0, cp.stderr
+    [j] = json.loads(cp.stdout)["journals"]
+    assert j["state"] == "restored" and j["owner"]["pid"] == d.pid
     assert os.sched_getaffinity(p.pid) == before
-    assert not os.path.exists(path)
-    unit.enforcer.doc = {}  # already undone
+    assert enforce.task_cgroup(p.pid, 1) == group_before
+    assert not [g for g in our_groups() if f"-{d.pid}-" in g]
+    assert not list(state_dir_files())

@@ -91,8 +91,11 @@ def test_verify_reports_a_mismatch():
         v = launch.verify(proc.pid, wrong)
         if os.sched_getaffinity(0) != {0}:
             assert not v.ok
-            assert any("cpus: wanted" in p for p in v.problems)
-        assert any("memory policy: wanted bind:0" in p for p in v.problems)
+            assert v.checks["cpus"].state == "mismatch"
+            assert any(p.startswith("cpus: MISMATCH: wanted") for p in v.problems)
+        assert v.checks["memory"].state == "mismatch" and v.checks["memory"].got == "default"
+        assert any("memory: MISMATCH: wanted bind:0, process has default" in p for p in v.problems)
+        assert not v.ok and not v.verified and v.verdict is False
     finally:
         proc.kill()
         proc.wait()
@@ -107,7 +110,7 @@ def test_spawn_and_verify_each_policy():
             assert v.ok, (mem, v.problems)
             assert v.cpus == b.cpus
         finally:
-            launch.kill_tree(proc)
+            launch.stop(proc)
 
 
 def test_binding_of_a_child_is_inherited_by_grandchildren():
@@ -121,7 +124,7 @@ def test_binding_of_a_child_is_inherited_by_grandchildren():
         assert kids
         assert launch.verify(kids[0].pid, b).ok
     finally:
-        launch.kill_tree(proc)
+        launch.stop(proc)
 
 
 def test_supervisor_leaves_no_orphans():
@@ -168,7 +171,7 @@ def test_exec_sigterm_stops_the_child(tmp_path):
     assert kids
     p.terminate()
     p.wait(timeout=10)
-    assert p.returncode == 130
+    assert p.returncode == 128 + 15  # forwarded: the command died of SIGTERM, as in a shell
     time.sleep(0.1)
     assert not psutil.pid_exists(kids[0].pid) or kids[0].status() == psutil.STATUS_ZOMBIE
 

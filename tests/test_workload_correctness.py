@@ -131,7 +131,7 @@ def test_preloaded_allocator_is_mapped_in_the_running_workload():
         assert v.allocator_loaded is True, v.problems
         assert launch.maps_contain(proc.pid, lib)
     finally:
-        launch.kill_tree(proc)
+        launch.stop(proc)
 
 
 def test_workload_reports_the_allocator_it_really_used():

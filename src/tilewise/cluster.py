@@ -229,17 +229,17 @@ def status(st: ClusterState) -> dict:
     members = [cl.member_status(m) for m in cl.members]
     workers = [m for m in members if m["role"] == "worker"]
     expected = len(st.plan.get("instances", []))
-    healthy = all(m["healthy"] and m["binding_verified"] for m in members) and len(workers) == expected \
-        and st.state == "running"
+    healthy = all(m["healthy"] and m["binding_verified"] is not False for m in members) \
+        and len(workers) == expected and st.state == "running"
     problems = []
     if st.state != "running":
         problems.append(f"the cluster never finished starting (state {st.state}); run `tilewise down --name {st.name}`")
     if len(workers) != expected:
         problems.append(f"{len(workers)} of {expected} workers were started")
     for m in members:
-        if not m["healthy"] or not m["binding_verified"]:
+        if not m["healthy"] or m["binding_verified"] is False:
             who = m["role"] if m["instance"] is None else f"{m['role']} {m['instance']}"
-            problems.append(f"{who} (pid {m['pid']}): {m['detail'] or 'binding not verified'}")
+            problems.append(f"{who} (pid {m['pid']}): {m['detail'] or 'binding does not match the plan'}")
     return {"name": st.name, "engine": st.engine, "state": st.state, "master_url": st.master_url,
             "joined": st.joined, "policy": st.plan.get("policy"), "created": st.created, "healthy": healthy,
             "problems": problems, "members": members, "data": st.data, "state_file": str(state_path(st.name))}

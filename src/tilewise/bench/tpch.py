@@ -197,6 +197,9 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
             bad = [i for i in rec["instances"] if i.get("binding_verified") is False]
             if bad:
                 raise TilewiseError(f"{label}: binding of instance {bad[0]['id']} not applied: {bad[0].get('detail')}")
+            for i in rec["instances"]:
+                if i.get("binding_verified") is None:
+                    rep.message(f"{label}: binding of instance {i['id']} not checkable: {i.get('detail')}")
             per_query: dict[int, list[float]] = {n: [] for n in cfg.queries}
             rows_of: dict[int, int] = {}
             valid: dict[int, bool] = {n: True for n in cfg.queries}
@@ -283,21 +286,29 @@ def memory_warning(dataset, plans) -> str | None:
     return None
 
 
+VERDICT = {True: "verified", False: "mismatch", None: "not checkable"}
+
+
 def _instances(engine, p) -> list[dict]:
     out = []
     try:
         statuses = {s.id: s for s in engine.status()}
-    except Exception:
-        statuses = {}
+        failed = ""
+    except Exception as e:  # noqa: BLE001 - recorded as "not checkable", never skipped silently
+        statuses, failed = {}, f"the engine's status call failed: {str(e) or type(e).__name__}"
     load_s = getattr(engine, "load_s", {}) or {}
     for inst in p.instances:
         d = {"id": inst.id, "cpus": list(inst.cpus), "mem_nodes": list(inst.mem_nodes), "mem_policy": inst.mem_policy,
              "numa_nodes": list(inst.numa_nodes), "l3_domains": list(inst.l3_domains)}
         s = statuses.get(inst.id)
         if s is not None:
-            d.update({"pid": s.pid, "binding_verified": s.binding_verified, "healthy": s.healthy})
+            d.update({"pid": s.pid, "binding_verified": s.binding_verified, "healthy": s.healthy,
+                      "verification": VERDICT[s.binding_verified]})
             if s.detail:
                 d["detail"] = s.detail
+        else:
+            d.update({"binding_verified": None, "verification": VERDICT[None],
+                      "detail": failed or "the engine reported no status for this instance"})
         if inst.id in load_s:
             d["load_s"] = load_s[inst.id]
         info = getattr(engine, "info", None)

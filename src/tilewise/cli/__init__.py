@@ -1,19 +1,22 @@
 """The `tilewise` command line. Subcommands live in modules of this package and load lazily,
 so `tilewise topo` does not pay for importing engines or plotting.
 
-Exit codes: 0 success, 1 error (one line, `Error: ...`), 2 bad usage, 130 interrupted.
+Exit codes: 0 success, 1 error (one line, `Error: ...`), 2 bad usage, 130 interrupted (SIGINT,
+SIGTERM or SIGHUP, after stopping and restoring everything). `tilewise exec` exits with its
+command's status instead (128+n when the command died of signal n; 127 not found, 126 not executable).
 """
 
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
 
 import click
 
 from tilewise import __version__
+from tilewise import signals
 from tilewise.errors import TilewiseError
+from tilewise.signals import Terminated  # noqa: F401 - kept importable from here
 
 # name -> "module:attribute"; a new subcommand is one line here.
 COMMANDS = {
@@ -29,6 +32,7 @@ COMMANDS = {
     "probe": "tilewise.cli.probe:probe",
     "workload": "tilewise.cli.workload:workload_cmd",
     "tune": "tilewise.cli.tune:tune_cmd",
+    "restore": "tilewise.cli.restore:restore_cmd",
 }
 
 
@@ -55,16 +59,8 @@ def cli() -> None:
     """Measure the machine, plan a NUMA/chiplet-aware deployment, launch it, run, report."""
 
 
-class Terminated(BaseException):
-    """SIGTERM, turned into an exception so every `finally` (cleanup) runs."""
-
-
-def _on_sigterm(signum, frame):  # pragma: no cover - exercised by integration tests
-    raise Terminated()
-
-
 def main(argv: list[str] | None = None) -> None:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signals.install()  # SIGINT, SIGTERM and SIGHUP raise, so every cleanup runs
     try:
         cli.main(args=argv, prog_name="tilewise", standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -79,8 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     except TilewiseError as e:
         click.echo(f"Error: {e}", err=True)
         sys.exit(e.exit_code)
-    except (KeyboardInterrupt, Terminated):
-        click.echo("Error: interrupted; everything started was stopped and restored", err=True)
+    except (KeyboardInterrupt, signals.Terminated) as e:
+        # what was stopped or restored has been reported by the code that did it, after checking
+        signals.ignore()
+        how = signals.name(e.signum) if isinstance(e, signals.Terminated) else "SIGINT"
+        click.echo(f"Error: interrupted ({how})", err=True)
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(1)

@@ -118,7 +118,8 @@ def print_status(doc: dict) -> None:
         mem = m["mem_policy"] + (f" {cpulist.format(m['mem_nodes'])}" if m["mem_nodes"] and
                                  m["mem_policy"] not in ("first-touch", "local") else "")
         execs = ",".join(str(e["pid"]) for e in m["executors"]) or "-"
-        binding = "verified" if m["binding_verified"] else ("-" if not m["healthy"] else "NOT VERIFIED")
+        binding = ("-" if not m.get("alive") else
+                   {True: "verified", False: "MISMATCH", None: "not checkable"}[m["binding_verified"]])
         heal = "ok" if m["healthy"] else ("UNHEALTHY" if m.get("alive") else "DEAD")
         table.add_row(who, str(m["pid"]), m["cpus"], mem, f"{m['memory_mb']} MiB" if m["memory_mb"] else "-",
                       execs, binding, heal)

@@ -7,6 +7,7 @@ import os
 
 import click
 
+from tilewise import signals
 from tilewise.cli.common import console, emit_json, json_option, topology_option
 from tilewise.errors import TilewiseError, UsageError
 
@@ -104,8 +105,12 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
     cfg_for = lambda pool: petri.NetConfig(th_min, th_max, pool.n_total)  # noqa: E731
     units = []
     notes = []
-    if not dry_run:
-        notes += enf.recover_stale()
+    if not dry_run:  # undo first what daemons (or tune runs) killed hard left behind
+        from tilewise import changes
+
+        for r in changes.restore_all():
+            if r.state in ("restored", "failed", "earlier-boot", "unreadable"):
+                notes += r.lines()
     if pid or cgroup_path:
         target = daemon.PidTarget(pid, proc) if pid else daemon.CgroupTarget(os.path.abspath(cgroup_path), proc)
         if pid and pid == os.getpid():
@@ -122,7 +127,9 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
             units.append(daemon.Unit(f"instance {name}", pool, cfg_for(pool), mode, target))
     for u in units:
         if not dry_run:
-            u.enforcer = enf.choose(enforce, getattr(u.target, "pid", None), getattr(u.target, "path", None))
+            tree = set(u.target.tasks().values()) if isinstance(u.target, daemon.PidTarget) else None
+            u.enforcer = enf.choose(enforce, getattr(u.target, "pid", None), getattr(u.target, "path", None),
+                                    tree_pids=tree)
             if u.enforcer.reason and enforce == "auto":
                 notes.append(f"{u.name}: using sched_setaffinity ({u.enforcer.reason})")
 
@@ -156,9 +163,7 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
                     if not as_json:
                         out.print(f"note: {n}", markup=False)
                 d.run(duration=duration)
-        except BaseException as e:  # Ctrl-C, SIGTERM (the CLI's Terminated): restored by `with d`; report then re-raise
-            if not isinstance(e, (KeyboardInterrupt,)) and type(e).__name__ != "Terminated":
-                raise
+        except (KeyboardInterrupt, signals.Terminated) as e:  # restored by `with d`: report, then re-raise
             interrupted = e
             d.stop_reason = "stopped by signal"
         summary = _summary(recs, {"target": [u.name for u in units], "mode": mode, "th_min": th_min, "th_max": th_max,
@@ -272,7 +277,10 @@ def _report(summary: dict, recs, as_json: bool, quiet: bool, show_stats: bool, d
     out.print("firings: " + (", ".join(f"{k}x{v}" for k, v in summary["firings"].items()) or "none"), markup=False)
     if summary.get("stop_reason"):
         restored = "restored" if summary.get("restored") else "restore had problems"
-        what = "nothing changed (dry run)" if summary.get("dry_run") else f"original CPUs {restored}, own cgroup removed"
+        kinds = summary.get("enforce") or []
+        extra = ", own cgroup removed" if any(k in ("cgroup-v1", "cgroup-v2") for k in kinds) else ""
+        extra += ", cpuset.cpus put back" if "cgroup-v2 in place" in kinds else ""
+        what = "nothing changed (dry run)" if summary.get("dry_run") else f"original CPUs {restored}{extra}"
         out.print(f"stopped: {summary['stop_reason']}; {what}", markup=False)
     for p in summary.get("problems", []):
         out.print(f"problem: {p}", markup=False)

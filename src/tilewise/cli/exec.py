@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from tilewise import allocators, launch, plan, topology
+from tilewise import allocators, launch, plan, signals, topology
 from tilewise.cli.common import console, emit_json, json_option, topology_option
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import UsageError
@@ -28,7 +28,11 @@ def exec_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_thread
              instance_id, plan_path, allocator, config_path, as_json, command):
     """Run COMMAND bound to one instance's CPUs, memory policy and allocator; verify from /proc.
 
-    Exits with COMMAND's exit code (1 if the binding could not be verified).
+    COMMAND runs in a process group of its own; SIGINT, SIGTERM and SIGHUP sent to tilewise are
+    forwarded to that group (after SIGTERM/SIGHUP the rest is killed after a grace period), and
+    whatever the command leaves running when it exits is stopped. Exits with COMMAND's status
+    (128+n if it died of signal n; 127 not found, 126 not executable; 1 if its binding does
+    not match the plan).
     """
     if config_path:
         from tilewise.tune.knobs import load_config
@@ -54,21 +58,18 @@ def exec_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_thread
                          f"use --instance 0..{len(p.instances) - 1}")
     launch.ensure_runnable(p)
     b = launch.Binding.from_instance(p.instances[instance_id], allocator)
+    launch.check_binding(b)  # a bad binding is one line, before anything starts
     err = console(stderr=True)
-    proc = launch.spawn(list(command), b, new_session=False, stdout=sys.stderr if as_json else None)
-    try:
-        v = launch.verify(proc.pid, b)
-        if not v.ok:
-            launch.kill_tree(proc)
-            raise launch.LaunchError("binding not applied: " + "; ".join(v.problems))
-        if not as_json:
-            alloc = {True: "loaded", False: "missing", None: "not checked"}[v.allocator_loaded]
-            err.print(f"tilewise: pid {proc.pid} bound ({b.describe()}); verified: cpus {v.to_json()['cpus']}, "
-                      f"policy {v.mem_policy or 'n/a'}, allocator {alloc}", markup=False)
-        rc = proc.wait()
-    finally:
-        launch.kill_tree(proc)
+    run = launch.run_forwarding(list(command), b, stdout=sys.stderr if as_json else None,
+                                on_started=None if as_json else (lambda v: err.print(
+                                    f"tilewise: pid {v.pid} bound ({b.describe()}): {v.summary()}", markup=False)))
+    if run.leftovers.stopped and not as_json:
+        err.print(f"tilewise: the command left processes behind; {run.leftovers.summary()}", markup=False)
     if as_json:
         emit_json({"policy": p.policy, "instance": p.instances[instance_id].to_json(), "binding": b.to_json(),
-                   "verification": v.to_json(), "returncode": rc})
-    sys.exit(rc if rc >= 0 else 128 - rc)
+                   "verification": run.verification.to_json(), "returncode": run.returncode, "exit_status": run.status,
+                   "signals_forwarded": [signals.name(x) for x in run.forwarded], "leftovers": run.leftovers.to_json()})
+    if not run.leftovers.ok:
+        raise launch.LaunchError(f"the command's processes could not all be stopped: {run.leftovers.summary()}",
+                                 "kill them by pid")
+    sys.exit(run.status)

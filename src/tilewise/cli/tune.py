@@ -3,6 +3,7 @@ thread placement, OS switches) for a workload or an arbitrary command on this ma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 
@@ -29,7 +30,7 @@ from tilewise.fsutil import ensure_writable_dir
 @click.option("--out", "out_dir", default="tune-results", show_default=True, metavar="DIR",
               help="results.json, results.csv, fig6.png, tuned.json go here.")
 @os_options
-@click.option("--restore", is_flag=True, help="Only undo OS switch changes a crashed run left (journal), then exit.")
+@click.option("--restore", is_flag=True, help="Only undo what runs killed hard left changed (same as `tilewise restore`), then exit.")
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per run before it is stopped.")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -49,7 +50,9 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
 
     osw = OsSwitches(os_root)
     if restore:
-        _restore(osw, as_json)
+        from tilewise.cli.restore import restore_report
+
+        restore_report(as_json)
         return
     if bool(workload_name) == bool(command):
         raise UsageError("give either --workload W or a command after --", "e.g. tilewise tune -w W1, or tilewise tune -- ./engine args")
@@ -80,9 +83,6 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
         if not (thps or ans):
             raise UsageError("--apply-os needs --thp and/or --autonuma values to try")
         osw.check_permission()
-        rep = osw.recover()  # undo what a crashed run left before measuring anything
-        if rep and rep.failed:
-            raise UsageError("a crashed run left OS switches that cannot be restored: " + "; ".join(e for _, e in rep.failed))
     if not allocs or not mems or not places:
         raise UsageError("the grid is empty", "give at least one allocator, memory policy and placement")
     grid = sweep.build_grid(allocs, mems, places, thps, ans)
@@ -112,13 +112,14 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
     def save(sw_):
         sweep.write_outputs(out_dir, sweep.results_doc(sw_, target, env, grid_spec))
 
-    if not quiet:
-        err.print(f"tilewise tune: grid search, {len(grid)} configurations x {repeat} runs; OS: "
-                  + ", ".join(f"{k} {v.shown}" for k, v in state.items()), markup=False)
-    sw = sweep.run_sweep(grid, runner, repeat=repeat, warmup=warmup,
-                         os_apply=(lambda d: osw.applied(d)) if apply_os else None,
-                         progress=None if quiet else (lambda line: err.print("  " + line, markup=False)),
-                         after_run=save)
+    # the switches stay locked for the whole sweep (a second --apply-os run refuses, naming this one);
+    # each OS state is applied, its cases run, and it is restored before the next
+    keys = [k for k, vals in (("thp", thps), ("autonuma", ans)) if vals]
+    stack = contextlib.ExitStack()
+    if apply_os:
+        stack.enter_context(osw.controlling(keys, "tune --apply-os"))
+    with stack:
+        sw = _sweep(sweep, grid, runner, repeat, warmup, osw if apply_os else None, state, err, quiet, save)
     doc = sweep.results_doc(sw, target, env, grid_spec)
     paths = sweep.write_outputs(out_dir, doc)
     fig = sweep.plot(doc, os.path.join(out_dir, "fig6.png"))
@@ -198,21 +199,11 @@ def print_summary(sw, doc, repro) -> None:
         out.print(f"wrote {k}: {p}", markup=False)
 
 
-def _restore(osw, as_json) -> None:
-    rep = osw.recover()
-    if as_json:
-        emit_json({"journal": osw.journal_path, "found": rep is not None,
-                   "restored": [c.to_json() for c in (rep.restored if rep else [])],
-                   "unchanged": [c.to_json() for c in (rep.unchanged if rep else [])],
-                   "failed": [{"change": c.to_json(), "error": e} for c, e in (rep.failed if rep else [])],
-                   "notes": rep.notes if rep else []})
-    else:
-        out = console()
-        if rep is None:
-            out.print(f"nothing to restore (no journal at {osw.journal_path})", markup=False)
-        else:
-            for line in rep.lines():
-                out.print(line, markup=False)
-    if rep is not None and rep.failed:
-        raise UsageError("some OS switches could not be restored", f"the journal stays at {osw.journal_path}")
-
+def _sweep(sweep, grid, runner, repeat, warmup, osw, state, err, quiet, save):
+    if not quiet:
+        err.print(f"tilewise tune: grid search, {len(grid)} configurations x {repeat} runs; OS: "
+                  + ", ".join(f"{k} {v.shown}" for k, v in state.items()), markup=False)
+    return sweep.run_sweep(grid, runner, repeat=repeat, warmup=warmup,
+                           os_apply=(lambda d: osw.applied(d, "tune --apply-os")) if osw else None,
+                           progress=None if quiet else (lambda line: err.print("  " + line, markup=False)),
+                           after_run=save)

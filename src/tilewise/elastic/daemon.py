@@ -246,11 +246,10 @@ class Daemon:
                 raise TilewiseError(f"{u.target.name} has no running task", "is it still running?")
             u.begin(self._pages(u, tasks, self.t0, force=True))
             if not self.dry_run and u.enforcer is not None:
-                u.enforcer.start(tasks, u.target.allowed_cpus() if hasattr(u.target, "allowed_cpus") else u.pool.cpus([c.id for c in u.pool.cores]), u.cpus)
-                from tilewise.elastic.enforce import CgroupEnforcer
-
-                if isinstance(u.enforcer, CgroupEnforcer) and isinstance(u.target, CgroupTarget):
-                    u.target.extra.append(u.enforcer.path)
+                allowed = u.target.allowed_cpus() if hasattr(u.target, "allowed_cpus") else u.pool.cpus([c.id for c in u.pool.cores])
+                u.enforcer.start(tasks, allowed, u.cpus)
+                if u.enforcer.path and isinstance(u.target, CgroupTarget):
+                    u.target.extra.append(u.enforcer.path)  # our own group: its tasks are still the target's
             u.meter.sample(self._runtimes(u, tasks), self.clock(), len(u.cpus))
             if self.log:
                 self.log({"t": 0.0, "unit": u.name, "event": "start", "n_alloc": 1, "cores": sorted(u.allocated),
@@ -364,7 +363,7 @@ class Daemon:
         for u in self.units:
             self._release_files(u)
         for u in reversed(self.units):
-            if u.enforcer is not None and u.enforcer.doc:
+            if u.enforcer is not None and u.enforcer.active:
                 try:
                     self._restore(u)
                 except Exception as e:  # noqa: BLE001 - keep undoing the others

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from tilewise.errors import TilewiseError
+from tilewise.procs import read_text
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -128,18 +129,7 @@ class ProcFS:
     def _read(self, path: str, cache: FdCache | None = None) -> str:
         if cache is not None:
             return cache.read(path).decode("ascii", "replace")
-        # os-level read: a third of open()'s cost, and a tick is mostly these small reads
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            chunks = []
-            while True:
-                b = os.read(fd, 65536)
-                if not b:
-                    break
-                chunks.append(b)
-        finally:
-            os.close(fd)
-        return b"".join(chunks).decode("ascii", "replace")
+        return read_text(path)  # os-level read: a third of open()'s cost
 
     def alive(self, pid: int, cache: FdCache | None = None) -> bool:
         try:

@@ -28,7 +28,7 @@ class InstanceStatus:
     cpus: tuple[int, ...]
     mem_nodes: tuple[int, ...]
     mem_policy: str
-    binding_verified: bool
+    binding_verified: bool | None  # True read back and matches, False mismatch, None not checkable (detail says why)
     healthy: bool
     detail: str = ""
     extra: dict = field(default_factory=dict)

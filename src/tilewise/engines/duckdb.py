@@ -243,7 +243,8 @@ class DuckDBEngine(Engine):
             if rc is None:
                 v = launch.verify(w.started.pid, b, allocator_wait_s=0.0)
                 out.append(InstanceStatus(w.id, w.started.pid, tuple(b.cpus or ()), b.mem_nodes, b.mem_policy,
-                                          v.ok, True, "; ".join(v.problems), {"verification": v.to_json()}))
+                                          v.verdict, True, "" if v.verified else v.summary(),
+                                          {"verification": v.to_json()}))
             else:
                 out.append(InstanceStatus(w.id, w.started.pid, tuple(b.cpus or ()), b.mem_nodes, b.mem_policy,
                                           False, False, w.dead or f"exited with status {rc}"))

@@ -242,7 +242,7 @@ class SparkEngine(Engine):
                 continue
             d = self.cluster.member_status(m)
             out.append(InstanceStatus(inst.id, m.pid, tuple(inst.cpus), tuple(inst.mem_nodes), inst.mem_policy,
-                                      bool(d["binding_verified"]), bool(d["healthy"]), d["detail"],
+                                      d["binding_verified"], bool(d["healthy"]), d["detail"],
                                       {"executors": d["executors"], "memory_mb": m.memory_mb,
                                        "master_url": self.cluster.master_url}))
         return out

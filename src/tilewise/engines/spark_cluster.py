@@ -24,9 +24,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise import cpulist, launch
+from tilewise import cpulist, launch, procs
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance, Plan
+from tilewise.procs import ProcId
 
 TOKEN_VAR = "TILEWISE_CLUSTER_TOKEN"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -126,9 +127,12 @@ class Member:
     cores: int = 0
     memory_mb: int = 0
     proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    start: int | None = None  # /proc/PID/stat start time (clock ticks): with pid, names the process
+    token: str | None = None  # the spawn token its descendants carry (launch.SPAWN_VAR)
 
     def to_json(self) -> dict:
         return {"role": self.role, "instance": self.instance, "pid": self.pid, "create_time": self.create_time,
+                "start": self.start, "token": self.token,
                 "binding": self.binding.to_json(), "log": self.log, "cores": self.cores, "memory_mb": self.memory_mb}
 
     @classmethod
@@ -137,7 +141,13 @@ class Member:
         binding = launch.Binding(tuple(b["cpus"]) if b.get("cpus") is not None else None, b.get("mem_policy", "first-touch"),
                                  tuple(b.get("mem_nodes", ())), b.get("allocator", "system"))
         return cls(d["role"], d.get("instance"), int(d["pid"]), float(d["create_time"]), binding, d.get("log", ""),
-                   int(d.get("cores", 0)), int(d.get("memory_mb", 0)))
+                   int(d.get("cores", 0)), int(d.get("memory_mb", 0)),
+                   start=int(d["start"]) if d.get("start") is not None else None, token=d.get("token"))
+
+    def tree(self) -> launch.Tree:
+        """What stopping this member must reach: its group, its descendants, its token's carriers."""
+        leader = ProcId(self.pid, self.start) if self.start is not None else None
+        return launch.Tree(leader, self.token, popen=self.proc)
 
     def alive(self) -> tuple[bool, str]:
         """(alive, why not). Uses the Popen when we own it (reaps it), else pid + start time."""
@@ -145,6 +155,13 @@ class Member:
             rc = self.proc.poll()
             if rc is not None:
                 return False, f"exited with {_rc_text(rc)}"
+        if self.start is not None:
+            st = procs.stat(self.pid)
+            if st is None:
+                return False, "exited"
+            if st.start != self.start:
+                return False, "exited (its pid now belongs to another process)"
+            return (False, "exited (zombie)") if st.state in "ZX" else (True, "")
         import psutil
 
         try:
@@ -208,25 +225,6 @@ def tagged_processes(token: str) -> list:
     return found
 
 
-def sweep(token: str, timeout: float = 10.0) -> list[int]:
-    """SIGKILL every live process carrying the token; wait until gone. Returns the pids killed."""
-    import psutil
-
-    killed: list[int] = []
-    for _ in range(5):  # a dying worker may fork one more executor: sweep until nothing is left
-        procs = tagged_processes(token)
-        if not procs:
-            break
-        for p in procs:
-            try:
-                p.kill()
-                killed.append(p.pid)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=timeout)
-    return killed
-
-
 def executors_of(pid: int) -> list[int]:
     """Executor JVMs forked by a worker (its descendants running CoarseGrainedExecutorBackend)."""
     import psutil
@@ -281,9 +279,10 @@ class SparkCluster:
         name = role if instance is None else f"{role}-{instance}"
         log = self.root / "logs" / f"{name}.log"
         with open(log, "ab") as fh:
-            proc = launch.spawn(argv, b, env=self.env(), die_with_parent=not self.detach, new_session=True,
+            proc = launch.spawn(argv, b, env=self.env(), die_with_parent=not self.detach,
                                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, **popen_kwargs)
-        m = Member(role, instance, proc.pid, _create_time(proc.pid), b, str(log), cores, memory_mb, proc)
+        m = Member(role, instance, proc.pid, _create_time(proc.pid), b, str(log), cores, memory_mb, proc,
+                   start=proc.ident.start, token=proc.token)
         self.members.append(m)
         if self.on_change:
             self.on_change(self)
@@ -374,16 +373,16 @@ class SparkCluster:
              "cpus": cpulist.format(m.binding.cpus) if m.binding.cpus is not None else "any",
              "mem_policy": m.binding.mem_policy, "mem_nodes": list(m.binding.mem_nodes),
              "cores": m.cores, "memory_mb": m.memory_mb, "log": m.log,
-             "binding_verified": False, "verification": None, "executors": []}
+             "binding_verified": None, "verification": None, "executors": []}
         if not ok:
             tail = log_tail(m.log, 2)
             d["detail"] = f"{why}; last log lines: {tail}" if tail else why
             return d
         v = launch.verify(m.pid, m.binding, allocator_wait_s=0.0)
         d["verification"] = v.to_json()
-        d["binding_verified"] = v.ok
-        if not v.ok:
-            d["detail"] = "; ".join(v.problems)
+        d["binding_verified"] = v.verdict  # True verified, False mismatch, None not checkable
+        if not v.verified:
+            d["detail"] = v.summary()
         if m.role == "worker":
             registered = False
             try:
@@ -396,35 +395,23 @@ class SparkCluster:
                 d["detail"] = (d["detail"] + "; " if d["detail"] else "") + "not registered with the master"
             for epid in executors_of(m.pid):
                 ev = launch.verify(epid, m.binding, allocator_wait_s=0.0)
-                d["executors"].append({"pid": epid, "binding_verified": ev.ok, "problems": ev.problems})
-                if not ev.ok:
+                d["executors"].append({"pid": epid, "binding_verified": ev.verdict, "verification": ev.state,
+                                       "problems": ev.problems})
+                if ev.verdict is False:
                     d["binding_verified"] = False
+                elif ev.verdict is None and d["binding_verified"]:
+                    d["binding_verified"] = None
         return d
 
     # -- stopping --
     def stop(self, timeout: float = 10.0) -> list[int]:
-        """Stop workers, then the master, whole process groups; then sweep the token. Idempotent."""
-        for m in sorted(self.members, key=lambda m: {"driver": 0, "worker": 1, "master": 2}.get(m.role, 3)):
-            ok, _ = m.alive()
-            if ok:
-                try:  # own session: pgid == pid; the group holds the executors too
-                    os.killpg(m.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.monotonic() + timeout
-        for m in self.members:
-            while m.alive()[0] and time.monotonic() < deadline:
-                time.sleep(0.05)
-        killed = sweep(self.token)
-        for m in self.members:
-            if m.proc is not None:
-                try:
-                    m.proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    m.proc.kill()
-                    m.proc.wait()
-        left = tagged_processes(self.token)
-        if left:
-            raise SparkError(f"could not stop processes {', '.join(str(p.pid) for p in left)} of the cluster",
+        """Stop every member's whole tree and every process carrying the cluster token (executors a
+        crashed worker left behind included): SIGTERM, `timeout`, SIGKILL, then check. Idempotent.
+        Returns the pids stopped; raises if any process survived."""
+        trees = [m.tree() for m in self.members]
+        trees.append(launch.Tree(None, self.token, TOKEN_VAR))
+        rep = launch.stop(trees, grace=timeout)
+        if not rep.ok:
+            raise SparkError(f"could not stop processes of the cluster: {rep.summary()}",
                              "kill them by pid (are you the same user?)")
-        return killed
+        return [p["pid"] for p in rep.stopped]

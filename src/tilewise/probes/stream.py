@@ -199,13 +199,15 @@ def likwid_copy(cpus: Sequence[int], size: int, timeout_s: float = 300) -> dict:
     import shutil
     import subprocess
 
+    from tilewise import launch
+
     exe = shutil.which("likwid-bench")
     if not exe:
         return {"error": "likwid-bench not found (Debian package likwid)"}
     kb = max(1, 2 * size // 1000)
     cmd = [exe, "-t", likwid_kernel(), "-W", f"N:{kb}kB:{len(cpus)}"]  # -W: each thread first-touches its chunk, as ours
     try:
-        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+        cp = launch.run(cmd, timeout=timeout_s, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s", "command": " ".join(cmd)}
     for line in cp.stdout.splitlines():

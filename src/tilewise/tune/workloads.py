@@ -135,7 +135,7 @@ def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str
                 raise TilewiseError(f"{what} ran longer than {timeout:g} s and was stopped", hint) from None
             wall = time.perf_counter() - t0
         finally:
-            launch.kill_tree(proc)
+            launch.stop(proc)
         if proc.returncode != 0:
             errf.seek(0)
             tail = errf.read().decode(errors="replace").strip().splitlines()[-3:]
