@@ -66,7 +66,7 @@ def our_groups():
     return out
 
 
-def make_daemon(pid, kind, journal_dir=None):
+def make_daemon(pid, kind):
     t = topology.load(None)
     target = daemon.PidTarget(pid)
     pool = modes.make_pool(t, target.allowed_cpus())
@@ -91,7 +91,7 @@ def test_load_step_gets_a_core_and_gives_it_back(burner, kind, state_dir):
     p, flag = burner
     before = os.sched_getaffinity(p.pid)
     group_before = enforce.task_cgroup(p.pid, 1)
-    d, unit = make_daemon(p.pid, kind, state_dir)
+    d, unit = make_daemon(p.pid, kind)
     with d:
         d.start()
         assert os.sched_getaffinity(p.pid) == set(unit.cpus) and len(unit.cpus) == 1
