@@ -245,7 +245,8 @@ def test_a_second_sigterm_during_restore_does_not_abort_it(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
-    assert "restored 4 then SIGTERM" in out, out
+    # all four restored, then the first held signal acted (pending signals arrive lowest number first)
+    assert "restored 4 then SIGTERM" in out or "restored 4 then SIGHUP" in out, out
     assert all(f.get("value") == "a" for f in fs)
     assert p.returncode in (130, -signal.SIGTERM, 128 + signal.SIGTERM)
     assert not journals()
