@@ -7,16 +7,72 @@ and others are added by writing one adapter and one line in engines.ENGINES.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tilewise.data import Dataset
 from tilewise.plan import Plan
 
 
+class ArrowRows(Sequence):
+    """The rows of a query result whose first rows came as tuples and the rest as an Arrow IPC
+    stream, turned into Python tuples only when first used (after the harness's clock stopped): the
+    values equal what DuckDB's fetchall() returns (Decimal, date, str, int, float; HUGEINT exported
+    losslessly becomes int)."""
+
+    def __init__(self, head: list[tuple], ipc: bytes | bytearray | memoryview) -> None:
+        self._head = head
+        self._ipc = ipc
+        self._table = None
+        self._rows: list[tuple] | None = None
+
+    @property
+    def table(self):
+        """The rows after the first ones, as a pyarrow.Table (zero-copy over the received bytes)."""
+        if self._table is None:
+            import pyarrow as pa
+
+            self._table = pa.ipc.open_stream(pa.py_buffer(self._ipc)).read_all()
+        return self._table
+
+    def _materialise(self) -> list[tuple]:
+        if self._rows is None:
+            cols = [_column_values(c) for c in self.table.columns]
+            self._rows = list(self._head) + (list(zip(*cols)) if cols else [])
+        return self._rows
+
+    def __len__(self) -> int:
+        return self._rows.__len__() if self._rows is not None else len(self._head) + self.table.num_rows
+
+    def __getitem__(self, i):
+        return self._materialise()[i]
+
+    def __iter__(self):
+        return iter(self._materialise())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ArrowRows({len(self)} rows)"
+
+
+def _column_values(col) -> list:
+    """Python values of one Arrow column; DuckDB's lossless HUGEINT/UHUGEINT (16 bytes) -> int."""
+    t = col.type
+    if getattr(t, "extension_name", "") == "arrow.opaque":
+        name = getattr(t, "type_name", "")
+        if name in ("hugeint", "uhugeint"):
+            signed = name == "hugeint"
+            return [None if b is None else int.from_bytes(b, "little", signed=signed)
+                    for chunk in col.chunks for b in chunk.storage.to_pylist()]
+    return col.to_pylist()
+
+
 @dataclass
 class QueryResult:
     columns: list[str]
-    rows: list[tuple]  # full result, for validation
+    rows: Sequence[tuple]  # full result, for validation (a list, or ArrowRows converted on first use)
     elapsed_s: float  # time inside the engine for this query (excludes result transfer to tilewise)
     instance: int  # which plan instance ran it (-1: the whole cluster, e.g. Spark)
 

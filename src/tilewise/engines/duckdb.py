@@ -10,8 +10,13 @@ Routing: run_query(instance=None) sends the query to the instance with the fewes
 streams spread over the instances (throughput mode), and several streams on one instance run
 concurrently there, like concurrent clients of one server.
 
-A worker that dies is detected by end-of-file on its pipe (a reader thread per worker) and reported
-with its exit status; every waiting query fails at once instead of hanging.
+The pipe, with as few hand-offs between threads as possible (each costs a scheduler wake-up, and
+on a busy machine a wake-up can cost milliseconds): the thread that asked reads the answers itself.
+Of the threads waiting on one worker, one reads its pipe at a time and hands the others their
+answers; when it has its own it leaves, and the next waiter takes over reading. A worker that dies
+is seen by whoever is reading (end of file) and reported with its exit status; every waiting query
+fails at once instead of hanging. A large answer's rows after the first ones arrive as Arrow IPC
+(see duckdb_worker) and become tuples only when first used, after the harness's clock stopped.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 
 from tilewise import launch
 from tilewise.data import Dataset
-from tilewise.engines.base import Engine, InstanceStatus, QueryResult
+from tilewise.engines.base import ArrowRows, Engine, InstanceStatus, QueryResult
 from tilewise.engines.duckdb_worker import read_msg, write_msg
 from tilewise.errors import TilewiseError
 from tilewise.plan import Plan
@@ -38,7 +43,7 @@ class InstanceDied(TilewiseError):
 
 @dataclass
 class _Pending:
-    event: threading.Event = field(default_factory=threading.Event)
+    done: bool = False
     reply: dict | None = None
 
 
@@ -49,10 +54,11 @@ class _Worker:
     fd_to: int
     fd_from: int
     write_lock: threading.Lock = field(default_factory=threading.Lock)
+    read_lock: threading.Lock = field(default_factory=threading.Lock)  # held by the thread reading the pipe
+    cond: threading.Condition = field(default_factory=threading.Condition)  # guards pending/done/dead
     pending: dict = field(default_factory=dict)
     inflight: int = 0
     dead: str = ""
-    reader: threading.Thread | None = None
 
 
 def engine_version() -> str:
@@ -95,11 +101,7 @@ class DuckDBEngine(Engine):
                 finally:
                     os.close(p2c_r)
                     os.close(c2p_w)
-                w = _Worker(inst.id, st, p2c_w, c2p_r)
-                w.reader = threading.Thread(target=self._read_loop, args=(w,), daemon=True,
-                                            name=f"duckdb-{inst.id}-reader")
-                w.reader.start()
-                self._workers.append(w)
+                self._workers.append(_Worker(inst.id, st, p2c_w, c2p_r))
             # load in parallel: every worker reads its own copy into its own memory
             waits = [(w, self._submit(w, {"op": "load", "tables": tables})) for w in self._workers]
             for w, pend in waits:
@@ -131,8 +133,7 @@ class DuckDBEngine(Engine):
                 pass
         self._sup.stop_all(timeout=3)  # whatever did not exit: SIGTERM, then SIGKILL, always reaped
         for w in self._workers:
-            if w.reader is not None:
-                w.reader.join(timeout=2)  # sees EOF now that the process is gone
+            self._fail_all(w, w.dead or "was stopped")  # a thread still waiting gives up now
             for fd in (w.fd_to, w.fd_from):
                 try:
                     os.close(fd)
@@ -161,7 +162,8 @@ class DuckDBEngine(Engine):
                 w.inflight -= 1
         if not reply.get("ok"):
             raise TilewiseError(f"DuckDB instance {w.id} rejected the query: {reply.get('error')}")
-        return QueryResult(reply["columns"], reply["rows"], reply["elapsed_s"], w.id)
+        rows = ArrowRows(reply["rows"], reply["payload"]) if "payload" in reply else reply["rows"]
+        return QueryResult(reply["columns"], rows, reply["elapsed_s"], w.id)
 
     def info(self, instance: int) -> dict:
         w = self._by_id(instance)
@@ -179,41 +181,65 @@ class DuckDBEngine(Engine):
             raise self._died(w, "receiving a request")
         rid = next(self._ids)
         pend = _Pending()
-        w.pending[rid] = pend
+        with w.cond:
+            w.pending[rid] = pend
         msg["id"] = rid
         try:
             with w.write_lock:
                 write_msg(w.fd_to, msg)
         except OSError:
-            w.pending.pop(rid, None)
+            with w.cond:
+                w.pending.pop(rid, None)
             raise self._died(w, "receiving a request") from None
         return pend
 
     def _wait(self, w: _Worker, pend: _Pending, doing: str) -> dict:
-        while not pend.event.wait(0.2):  # short waits keep Ctrl-C responsive
-            if w.dead and w.reader is not None and not w.reader.is_alive():
-                break  # submitted after the reader had drained the pending requests
+        """Our answer: read the pipe ourselves when no other thread is, else wait to be handed it
+        (short waits keep Ctrl-C responsive; a reader that leaves wakes us to take over)."""
+        while not pend.done:
+            if w.read_lock.acquire(blocking=False):
+                try:
+                    self._read_until(w, pend)
+                finally:
+                    w.read_lock.release()
+                    with w.cond:
+                        w.cond.notify_all()  # the next waiter becomes the reader
+                break
+            with w.cond:
+                w.cond.wait_for(lambda: pend.done or not w.read_lock.locked(), 0.2)
         if pend.reply is None:
             raise self._died(w, doing)
         return pend.reply
 
-    def _read_loop(self, w: _Worker) -> None:
-        while True:
+    def _read_until(self, w: _Worker, pend: _Pending) -> None:
+        """Read answers, handing each to its waiter, until ours came or the worker is gone."""
+        while not pend.done:
+            if w.dead:
+                self._fail_all(w, w.dead)
+                return
             try:
                 msg = read_msg(w.fd_from)
             except OSError:
                 msg = None
+            except BaseException:  # Ctrl-C in the middle of a message: the stream is unusable now
+                self._fail_all(w, "was interrupted while answering")
+                raise
             if msg is None:
-                break
-            pend = w.pending.pop(msg.get("id"), None)
-            if pend is not None:
-                pend.reply = msg
-                pend.event.set()
-        w.dead = w.dead or self._how(w)
-        for rid in list(w.pending):
-            pend = w.pending.pop(rid, None)
-            if pend is not None:
-                pend.event.set()  # reply None: the instance is gone
+                self._fail_all(w, w.dead or self._how(w))
+                return
+            with w.cond:
+                other = w.pending.pop(msg.get("id"), None)
+                if other is not None:
+                    other.reply, other.done = msg, True
+                    if other is not pend:
+                        w.cond.notify_all()
+
+    def _fail_all(self, w: _Worker, how: str) -> None:
+        with w.cond:
+            w.dead = w.dead or how
+            for rid in list(w.pending):
+                w.pending.pop(rid).done = True  # reply None: the instance is gone
+            w.cond.notify_all()
 
     def _how(self, w: _Worker) -> str:
         try:
@@ -247,5 +273,5 @@ class DuckDBEngine(Engine):
                                           {"verification": v.to_json()}))
             else:
                 out.append(InstanceStatus(w.id, w.started.pid, tuple(b.cpus or ()), b.mem_nodes, b.mem_policy,
-                                          False, False, w.dead or f"exited with status {rc}"))
+                                          False, False, f"pid {w.started.pid} {w.dead or self._how(w)}"))
         return out

@@ -1,0 +1,129 @@
+"""Plain DuckDB TPC-H, no tilewise in the loop: the baseline of the harness-overhead measurement.
+
+Same data (the Parquet set tilewise caches), same SQL, same work per query as a tilewise DuckDB
+worker (engines/duckdb_worker.py): tables loaded into memory with CREATE TABLE AS from Parquet,
+threads = CPUs allowed, then per query the worker's own timed region (duckdb_worker.fetch_answer:
+execute, the first rows as tuples, a large answer's rest as Arrow), or with --fetch rows execute +
+fetchall (what workers did before; use it to measure an older tilewise). One warm-up pass, then
+--runs timed passes.
+
+Run it as a fresh process (that is the point):
+
+  python -m tilewise.bench.plain_duckdb --sf 1 --runs 3            # readable
+  python -m tilewise.bench.plain_duckdb --sf 1 --runs 3 --json     # for `tilewise bench overhead`
+
+--sql FILE runs the queries listed in a JSON file ([{"query": 6, "sql": "..."}], in that order),
+so the overhead benchmark can hand it exactly what the tilewise pass runs. --cpus binds this
+process before DuckDB starts (DuckDB sizes its thread pool from the affinity mask).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
+FORMAT = "tilewise-plain-duckdb/1"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tilewise.bench.plain_duckdb", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sf", default="1", help="scale factor of the cached data set (default 1)")
+    ap.add_argument("--runs", type=int, default=3, help="timed passes after one warm-up pass (default 3)")
+    ap.add_argument("--data", default=None, help="directory with the 8 tables as <table>.parquet "
+                    "(default: ~/.cache/tilewise/tpch/sf<SF>; `tilewise bench tpch` generates it)")
+    ap.add_argument("--sql", default=None, metavar="FILE", help="JSON list of {query, sql} to run, in order "
+                    "(default: the 22 queries in order 1..22)")
+    ap.add_argument("--fetch", choices=("worker", "rows"), default="worker",
+                    help="worker: fetch each answer as a tilewise worker does (default); rows: fetchall()")
+    ap.add_argument("--cpus", default=None, help="bind to these CPUs first, e.g. 0-7 (default: as started)")
+    ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    a = ap.parse_args(argv)
+    if a.runs < 1:
+        ap.error("--runs must be >= 1")
+    return a
+
+
+def queries(sql_file: str | None) -> list[tuple[int, str]]:
+    if sql_file:
+        return [(int(q["query"]), q["sql"]) for q in json.loads(Path(sql_file).read_text())]
+    from tilewise.bench import queries as Q
+
+    return [(n, Q.load(n)) for n in Q.NUMBERS]
+
+
+def run(a: argparse.Namespace) -> dict:
+    if a.cpus:
+        from tilewise import cpulist
+
+        os.sched_setaffinity(0, cpulist.parse(a.cpus))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    data = Path(a.data or Path(cache) / "tilewise" / "tpch" / f"sf{float(a.sf):g}")
+    missing = [t for t in TABLES if not (data / f"{t}.parquet").is_file()]
+    if missing:
+        raise SystemExit(f"Error: {data} has no {missing[0]}.parquet (generate it: tilewise bench tpch --sf {a.sf} once)")
+    qs = queries(a.sql)
+    import duckdb
+
+    from tilewise.engines.duckdb_worker import fetch_answer
+
+    threads = len(os.sched_getaffinity(0))
+    con = duckdb.connect(":memory:")
+    con.execute(f"SET threads = {threads}")
+    con.execute("SET arrow_lossless_conversion = true")  # as the worker exports answers
+    t0 = time.perf_counter()
+    for t in TABLES:
+        quoted = str(data / f"{t}.parquet").replace("'", "''")
+        con.execute(f"CREATE TABLE {t} AS SELECT * FROM read_parquet('{quoted}')")
+    load_s = time.perf_counter() - t0
+    per_q: dict[int, list[float]] = {n: [] for n, _ in qs}
+    warm: dict[int, float] = {}
+    walls, cpus = [], []
+    for r in range(a.runs + 1):  # pass 0 is the warm-up
+        c0, w0 = time.process_time(), time.perf_counter()
+        for n, sql in qs:
+            cur = con.cursor()  # as the worker: a cursor per query, made before the clock starts
+            q0 = time.perf_counter()
+            if a.fetch == "worker":
+                fetch_answer(cur, sql)
+            else:
+                cur.execute(sql).fetchall()
+            dt = time.perf_counter() - q0
+            cur.close()
+            if r:
+                per_q[n].append(dt)
+            else:
+                warm[n] = dt
+        if r:
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+    return {"format": FORMAT, "duckdb": duckdb.__version__, "data": str(data), "sf": float(a.sf), "threads": threads,
+            "cpus": sorted(os.sched_getaffinity(0)), "fetch": a.fetch, "load_s": load_s,
+            "order": [n for n, _ in qs], "queries": {f"q{n}": ts for n, ts in per_q.items()},
+            "warmup_s": {f"q{n}": t for n, t in warm.items()}, "run_wall_s": walls, "run_cpu_s": cpus}
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    doc = run(a)
+    if a.json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    print(f"loaded {doc['data']} in {doc['load_s']:.2f} s ({doc['threads']} threads, fetch {doc['fetch']})")
+    for q, ts in doc["queries"].items():
+        print(f"{q:<4} {statistics.median(ts):8.3f} s")
+    med = {q: statistics.median(ts) for q, ts in doc["queries"].items()}
+    print(f"sum of query medians {sum(med.values()):.3f} s")
+    print(f"total (median of {a.runs} runs' wall time) {statistics.median(doc['run_wall_s']):.3f} s  runs: "
+          + ", ".join(f"{w:.3f}" for w in doc["run_wall_s"]))
+
+
+if __name__ == "__main__":
+    main()
