@@ -17,7 +17,10 @@ class _RichReporter:
         self.quiet = quiet
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                 console=self.err, transient=True, disable=not self.err.is_terminal)
+                                 console=self.err, transient=True, disable=not self.err.is_terminal,
+                                 # it redraws inside the timed runs: 10 Hz (rich's default) cost 1.6 % of a
+                                 # core on a terminal, 2 Hz a third of that (docs/overhead.md)
+                                 refresh_per_second=2)
         self.task = None
         self.policy = ""
 
