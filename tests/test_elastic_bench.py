@@ -16,7 +16,8 @@ def test_bench_elastic_tiny(tmp_path):
                  env={"TILEWISE_STATE_DIR": str(tmp_path / "state")}, timeout=240)
     assert cp.returncode == 0, cp.stderr
     doc = json.loads((out / "results.json").read_text())
-    assert doc["format"] == "tilewise-elastic-bench/1"
+    assert doc["format"] == "tilewise-results" and doc["kind"] == "elastic" and doc["complete"]
+    assert {m["name"] for m in doc["metrics"]} >= {"q6/os/throughput", "q6/adaptive/throughput"}
     os_case, el = doc["cases"]
     assert os_case["config"] == "os" and el["config"] == "adaptive"
     for c in (os_case, el):

@@ -26,7 +26,8 @@ def _json(cp):
 def test_latency_matrix_shape_range_and_files(tmp_path):
     doc = _json(run_cli("probe", "latency", "--cpus", PAIR, "--samples", "5", "--iters", "50", "--json",
                         "--out", str(tmp_path)))
-    assert doc["format"] == "tilewise.probe/1" and doc["complete"] and doc["unit"] == "ns"
+    assert doc["format"] == "tilewise-results" and doc["kind"] == "probe.latency"
+    assert doc["complete"] and doc["unit"] == "ns" and doc["metrics"]
     assert doc["cpus"] == [CPUS[0], CPUS[-1]]
     for mode in ("cas", "rw"):
         m = doc["matrices"][mode]

@@ -46,11 +46,14 @@ def test_bench_two_policies_end_to_end(tmp_path, data_root):
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)  # --json: results.json on stdout, nothing else
     assert doc == json.loads((out / "results.json").read_text())
-    assert doc["format"].startswith("tilewise-tpch-results/")
-    assert doc["engine"] == "duckdb" and doc["sf"] == 0.01 and doc["streams"] == 2
+    assert doc["format"] == "tilewise-results" and doc["kind"] == "tpch" and doc["complete"]
+    p = doc["params"]
+    assert p["engine"] == "duckdb" and p["sf"] == 0.01 and p["streams"] == 2
     env = doc["environment"]
-    for key in ("topology", "kernel", "os", "tilewise_version", "engine_version"):
+    for key in ("topology", "kernel", "os", "tilewise_version", "git_commit", "engines", "system_check"):
         assert key in env
+    assert env["engines"]["duckdb"] and env["topology"]["document"]["cores"] >= 1
+    assert doc["meta"]["command"].startswith("tilewise bench tpch") and doc["meta"]["tilewise_version"]
     assert {"thp_enabled", "autonuma"} <= set(env["os"])
     assert list(doc["policies"]) == ["wim", "wic"]
     ncpu = len(os.sched_getaffinity(0))

@@ -63,16 +63,25 @@ def test_sweep_applies_os_state_once_per_group():
 
 
 def test_results_doc_structure_and_csv(tmp_path):
+    from tilewise import topology
+    from tilewise.results.output import Writer
+
     g = sweep.build_grid(["system", "jemalloc"], MEMS, ["none"])
     sw = sweep.run_sweep(g, lambda c: (1.0 + 0.1 * g.index(c), {"checksum": 1}), repeat=2)
-    doc = sweep.results_doc(sw, {"workload": "W1"}, {"tilewise": "x"}, {"cases": len(g)})
-    assert doc["format"] == "tilewise-tune-results" and doc["version"] == 1 and doc["search"] == "grid"
+    base = sweep.new_doc(topology.load(None), {}, target={"workload": "W1"}, grid_spec={"cases": len(g)}, repeat=2,
+                         warmup=0)
+    doc = sweep.results_doc(sw, base)
+    assert doc["format"] == "tilewise-results" and doc["kind"] == "tune" and doc["search"] == "grid"
+    assert doc["complete"] and not doc["interrupted"]
     assert [c["case"] for c in doc["cases"]] == [0, 1, 2, 3] and doc["best"]["label"] == "system/first-touch/none"
-    paths = sweep.write_outputs(str(tmp_path), doc)
-    rows = list(csv.DictReader(open(paths["csv"])))
+    w = Writer(tmp_path)
+    w.write(doc)
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     assert len(rows) == 8 and rows[0]["status"] == "ok"
-    assert sweep.load_results(paths["json"])["cases"][1]["runs"] == 2
-    assert sweep.plot(doc, str(tmp_path / "fig6.png")) and (tmp_path / "fig6.png").stat().st_size > 1000
+    back = sweep.load_results(str(tmp_path / "results.json"))
+    assert back["cases"][1]["runs"] == 2
+    assert [m["values"] for m in back["metrics"]][0] == [1.0, 1.0]  # raw times, one per repeat
+    assert (tmp_path / "fig6.png").stat().st_size > 1000
 
 
 def test_differing_checksums_are_flagged():

@@ -20,9 +20,11 @@ from pathlib import Path
 
 from tilewise import cpulist, launch, topology
 from tilewise.bench import queries as Q
-from tilewise.bench import results as R
 from tilewise.data import tpch as tpch_data
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import model as M
+from tilewise.results import report
+from tilewise.results.output import Writer
 
 
 class WrongAnswer(TilewiseError):
@@ -144,31 +146,28 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     Raises WrongAnswer after writing everything when any answer was wrong."""
     rep = reporter or Reporter()
     engine_cls, topo, plans = check_config(cfg)
-    writer = R.ResultsWriter(cfg.out, plots=cfg.plots)  # a bad --out fails before anything starts
+    writer = Writer(cfg.out, plots=cfg.plots)  # a bad --out fails before anything starts
     dataset = tpch_data.dataset(cfg.sf, cfg.data_dir, log=rep.message)
     version = _engine_version(engine_cls)
     if cfg.engine == "duckdb":
         warn = memory_warning(dataset, plans)
         if warn:
             rep.message(warn)
-    doc = {
-        "format": R.FORMAT,
-        "benchmark": "tpch",
-        "engine": cfg.engine,
-        "engine_version": version,
-        "sf": cfg.sf,
-        "streams": cfg.streams,
-        "runs": cfg.runs,
-        "warmup": cfg.warmup,
-        "queries_run": [f"q{n}" for n in cfg.queries],
-        "data_dir": str(dataset.dir),
-        "dataset": dataset.to_json(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "environment": R.environment(topo, engine=cfg.engine, engine_version=version, allocator=cfg.allocator),
+    from tilewise.environment import system_check
+
+    check = system_check(numa_nodes=len(topo.cpu_nodes))
+    for w in check["warnings"]:
+        rep.message(f"warning: {w}")
+    doc = M.new("tpch", topo=topo, engines={cfg.engine: version}, allocator=cfg.allocator, system_check=check, params={
+        "engine": cfg.engine, "sf": cfg.sf, "policies": [label for label, _ in plans],
+        "queries": list(cfg.queries), "streams": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
+        "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt, "dataset": dataset.to_json(),
+    })
+    doc.update({
         "validation": {"reference": None, "float_rel_tol": 1e-9, "rules": _validation_rules(), "enabled": cfg.validate},
         "policies": {},
         "summary": {},
-    }
+    })
     ref = None
     if cfg.validate:
         from tilewise.bench import validate
@@ -223,7 +222,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
                 if timed:
                     rec["run_wall_s"].append(wall)
             for n in cfg.queries:
-                st = R.query_stats(per_query[n])
+                st = report.query_stats(per_query[n])
                 q = {"times_s": per_query[n], "rows": rows_of.get(n), "valid": valid[n] if ref else None, **st}
                 if n in detail:
                     q["error"] = detail[n]
@@ -236,10 +235,10 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         finally:
             engine.stop()
             rep.end_policy(label)
-            doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            M.finish(doc, complete=False)
             writer.write(doc)
-    doc["plots"] = [str(x) for x in writer.plot_paths]
     doc["validation"]["wrong_answers"] = wrong
+    M.finish(doc, complete=True)
     writer.write(doc)
     if wrong:
         raise WrongAnswer(f"WRONG ANSWER in {len(wrong)} result(s): {wrong[0]}"

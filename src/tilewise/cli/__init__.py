@@ -33,6 +33,7 @@ COMMANDS = {
     "workload": "tilewise.cli.workload:workload_cmd",
     "tune": "tilewise.cli.tune:tune_cmd",
     "restore": "tilewise.cli.restore:restore_cmd",
+    "report": "tilewise.cli.report:report_cmd",
 }
 
 

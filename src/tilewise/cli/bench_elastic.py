@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from tilewise.cli.common import console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
-from tilewise.fsutil import ensure_writable_dir
 
 
 @click.command("elastic")
@@ -37,9 +34,11 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
     tilewise bench elastic --sf 0.1 --clients 4 --duration 10
     """
     from tilewise import topology
-    from tilewise.bench import results as bres
     from tilewise.data import tpch as tpch_data
     from tilewise.elastic import experiment as ex
+    from tilewise.environment import system_check
+    from tilewise.results import model, report
+    from tilewise.results.output import Writer
 
     if clients < 1:
         raise UsageError("--clients must be at least 1")
@@ -51,34 +50,42 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
     t = topology.load(topology_src)
     if not topology.is_live(t):
         raise UsageError("bench elastic runs processes: it needs this machine's topology", "drop --topology")
-    out = ensure_writable_dir(out_dir)
+    writer = Writer(out_dir, plots=False)
+    out = writer.dir
     say = console(stderr=True)
     data = tpch_data.ensure_data(sf_v, data_dir)
     threads = len(__import__("os").sched_getaffinity(0))
-    doc = {"format": ex.FORMAT,
-           "environment": bres.environment(t, engine="duckdb", engine_version=_duckdb_version(), allocator="system"),
-           "params": {"sf": sf_v, "clients": clients, "duration_s": duration, "interval_s": interval,
-                      "th_min": th_min, "th_max": th_max, "duckdb_threads": threads, "seed": seed,
-                      "workloads": wl, "configs": cf},
-           "notes": _notes(t), "cases": []}
-    for w in wl:
-        tables, queries = ex.tables_for(w, data), ex.queries_for(w)
-        for c in cf:
-            if not as_json:
-                say.print(f"{w} / {c}: {clients} clients for {duration:g} s ...", markup=False)
-            case = ex.run_case(config=c, workload=w, tables=tables, queries=queries, clients=clients, duration=duration,
-                               interval=interval, topo=t, th_min=th_min, th_max=th_max, threads=threads,
-                               log_path=out / "logs" / f"{w}-{c}.jsonl", seed=seed)
-            doc["cases"].append(case)
-            ex.write_atomic(out / "results.json", doc)  # a late failure loses nothing
-    if not no_plot:
-        doc["plot"] = str(ex.plot(doc, out / "elastic.png"))
-        ex.write_atomic(out / "results.json", doc)
+    params = {"sf": sf_v, "clients": clients, "duration_s": duration, "interval_s": interval,
+              "th_min": th_min, "th_max": th_max, "duckdb_threads": threads, "seed": seed,
+              "workloads": wl, "configs": cf}
+    doc = model.new("elastic", topo=t, engines={"duckdb": _duckdb_version()}, allocator="system",
+                    system_check=system_check(numa_nodes=len(t.cpu_nodes)), params=params)
+    doc.update({"notes": _notes(t), "cases": []})
+    try:
+        for w in wl:
+            tables, queries = ex.tables_for(w, data), ex.queries_for(w)
+            for c in cf:
+                if not as_json:
+                    say.print(f"{w} / {c}: {clients} clients for {duration:g} s ...", markup=False)
+                case = ex.run_case(config=c, workload=w, tables=tables, queries=queries, clients=clients,
+                                   duration=duration, interval=interval, topo=t, th_min=th_min, th_max=th_max,
+                                   threads=threads, log_path=out / "logs" / f"{w}-{c}.jsonl", seed=seed)
+                doc["cases"].append(case)
+                writer.write(doc)  # a late failure loses nothing
+    except BaseException as e:
+        model.stopped(doc, e)
+        writer.write(doc)
+        raise
+    model.finish(doc, complete=True)
+    writer.write(doc, plots=not no_plot)
     if as_json:
         emit_json({k: v for k, v in doc.items() if k != "cases"} |
                   {"cases": [{k: v for k, v in c.items() if k != "raw"} for c in doc["cases"]]})
         return
-    _table(doc, out)
+    c = console(wide=True)
+    report.render(doc, c)
+    c.print(f"results: {out / 'results.json'}" + (f", plot: {doc['plots'][0]}" if doc.get("plots") else "")
+            + f", daemon logs: {out / 'logs'}", markup=False)
 
 
 def _duckdb_version() -> str:
@@ -100,30 +107,3 @@ def _notes(t) -> list[str]:
                      f"{len(t.usable_cores())} cores; the paper's gains (locality over 16+ cores, 4 sockets) cannot show")
     notes.append("no hardware counters here: L3 misses, interconnect traffic and remote/local ratios are not measured")
     return notes
-
-
-def _f(x, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _table(doc: dict, out: Path) -> None:
-    from rich.table import Table
-
-    c = console()
-    c.width = max(c.width, 140)
-    tab = Table(show_edge=False, pad_edge=False)
-    for col in ("workload", "config", "queries", "q/s", "p50 ms", "p95 ms", "CPU s", "CPU s/q", "cores mean",
-                "core-s", "tick ms", "daemon %"):
-        tab.add_column(col, justify="right" if col not in ("workload", "config") else "left")
-    for r in doc["cases"]:
-        dm = r["daemon"] or {}
-        tab.add_row(r["workload"], r["config"], str(r["queries_done"]), f"{r['throughput_qps']:.1f}",
-                    _f(r["latency_ms"]["p50"], ".1f"), _f(r["latency_ms"]["p95"], ".1f"), f"{r['cpu_s']:.2f}",
-                    _f(r["cpu_s_per_query"], ".4f"), f"{r['cores_mean']:.2f}/{r['cores_total']}",
-                    f"{r['core_seconds_allocated']:.1f}",
-                    str((dm.get("tick_cpu_ms") or {}).get("mean", "-")), str(dm.get("daemon_cpu_pct_of_core", "-")))
-    c.print(tab)
-    for n in doc["notes"]:
-        c.print(f"note: {n}", markup=False)
-    c.print(f"results: {out / 'results.json'}" + (f", plot: {doc['plot']}" if doc.get("plot") else "")
-            + f", daemon logs: {out / 'logs'}", markup=False)

@@ -96,7 +96,7 @@ def tpch(engine, sf, policies, streams, runs, out_dir, topology_src, query_list,
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
         inject_wrong=tuple(Q.parse_selection(inject)) if inject else (),
     )
-    out = console()
+    out = console(wide=True)
     with _RichReporter(quiet=False) as rep:
         try:
             doc = harness.run(cfg, rep)
@@ -109,22 +109,21 @@ def tpch(engine, sf, policies, streams, runs, out_dir, topology_src, query_list,
 def _final(out, cfg, as_json: bool, failed: bool, doc: dict | None = None) -> None:
     from pathlib import Path
 
-    from tilewise.bench import results as R
+    from tilewise.results import model, report
 
     path = Path(cfg.out) / "results.json"
     if doc is None:
         try:
-            doc = R.load(path)
+            doc = model.load(path)
         except Exception:
             return
     if as_json:
         emit_json(doc)
         return
-    R.render(doc, out)
+    report.render(doc, out)
     if failed:
         err = console(stderr=True)
         for w in doc.get("validation", {}).get("wrong_answers", []):
             err.print(f"[bold red]WRONG ANSWER[/bold red] {w}", highlight=False)
-    out.print(f"report: {path.resolve()} (+ results.csv" +
-              (", " + ", ".join(Path(p).name for p in doc.get("plots", [])) if doc.get("plots") else "") + ")",
-              markup=False)
+    extra = [*report.csv_files(doc), *(Path(p).name for p in doc.get("plots", []))]
+    out.print(f"report: {path.resolve()}" + (f" (+ {', '.join(extra)})" if extra else ""), markup=False)

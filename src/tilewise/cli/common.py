@@ -28,8 +28,12 @@ def _default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def console(stderr: bool = False):
-    """A rich console; plain when not a terminal or when NO_COLOR is set."""
+def console(stderr: bool = False, *, wide: bool = False):
+    """A rich console; plain when not a terminal or when NO_COLOR is set. wide: when the output is
+    not a terminal (a pipe, a file) and COLUMNS is not set, tables get 160 columns instead of 80."""
     from rich.console import Console
 
-    return Console(stderr=stderr, no_color="NO_COLOR" in os.environ, highlight=False, soft_wrap=True)
+    c = Console(stderr=stderr, no_color="NO_COLOR" in os.environ, highlight=False, soft_wrap=True)
+    if wide and not c.is_terminal and "COLUMNS" not in os.environ:
+        c.width = max(c.width, 160)
+    return c

@@ -28,46 +28,54 @@ def _progress(total: int, label: str):
 
 
 def _pair_probe(kind: str, topology_src, cpus_text, full, as_json, out_dir, params):
-    from tilewise.probes import matrix, output, pairs
+    from dataclasses import asdict
+
+    from tilewise.probes import matrix, pairs
+    from tilewise.results import model, report
+    from tilewise.results.output import Writer
 
     t = matrix.live_topology(topology_src)
     cpus = matrix.choose_cpus(t, cpus_text)
     if len(cpus) < 2:
         raise UsageError(f"not measured: a core-to-core {kind} probe needs two CPUs, only {cpulist.format(cpus)} "
                          "is available", "run where this process may use two or more CPUs")
-    out = output.OutDir(out_dir)
+    out = Writer(out_dir, name=f"{kind}.json") if out_dir else Writer(None)
     selected, desc = pairs.select_pairs(t, cpus, full=full)
     if kind == "latency":
-        tool, modes, unit, fmt = "tw_latency", params.modes, "ns", "{:.2f}"
+        tool, modes, unit = "tw_latency", params.modes, "ns"
     else:
-        tool, modes, unit, fmt = "tw_bandwidth", ("bw",), "GB/s", "{:.3f}"
+        tool, modes, unit = "tw_bandwidth", ("bw",), "GB/s"
     err = console(stderr=True)
+    doc = model.new(f"probe.{kind}", topo=t, params={**asdict(params), "cpus": list(cpus), "full": full},
+                    system_check=_system_check(t))
     err.print(f"{kind}: {desc}; estimated {params.estimate_s(len(selected)):.0f} s", markup=False)
     stats: list = []
-    complete = False
-    doc: dict = {}
     try:
         with _progress(len(selected) * len(modes), kind) as prog:
             task = prog.add_task(kind, total=len(selected) * len(modes))
             matrix.run_pairs(tool, params.argv(), selected,
                              on_result=lambda s: (stats.append(s), prog.advance(task)))
-        complete = True
+        model.finish(doc, complete=True)
+    except BaseException as e:
+        model.stopped(doc, e)
+        raise
     finally:
-        if stats:
-            doc = matrix.build_doc(kind, t, cpus, desc, params, stats, modes, unit, complete)
-            out.write_json(f"{kind}.json", doc)
-            if complete:
-                for m in modes:
-                    name = kind if m == "bw" else f"{kind}_{m}"
-                    out.write_matrix_csv(f"{name}.csv", cpus, doc["matrices"][m], fmt)
-                    title = f"core-to-core {kind} ({m}, median {unit})" if m != "bw" else f"core-to-core bandwidth (median {unit})"
-                    out.plot(f"{name}.png", output.heatmap(cpus, doc["matrices"][m], title, unit))
+        matrix.build_doc(doc, t, cpus, desc, stats, modes if stats else (), unit)
+        doc["warnings"] = _pair_warnings(doc, modes)
+        out.write(doc)
     doc["written"] = out.written
-    doc["warnings"] = _pair_warnings(doc, modes)
     if as_json:
         emit_json(doc)
         return
-    _print_pair_summary(doc, modes, unit, fmt)
+    report.render(doc, console(wide=True))
+    for w in doc["written"]:
+        console().print(f"wrote {w}", markup=False)
+
+
+def _system_check(t):
+    from tilewise.environment import system_check
+
+    return system_check(numa_nodes=len(t.cpu_nodes))
 
 
 UNSTABLE = 1.5  # p90/p10 (pairs) or best/median (stream) above this: warn
@@ -83,40 +91,6 @@ def _pair_warnings(doc, modes) -> list[str]:
                        f"spread above {UNSTABLE}x: the machine was busy or throttling; re-run on a quiet machine "
                        "or with more --samples")
     return out
-
-
-def _print_pair_summary(doc, modes, unit, fmt):
-    from rich.table import Table
-
-    from tilewise.probes.pairs import CLASS_TITLES
-
-    out = console()
-    cpus = doc["cpus"]
-    for m in modes:
-        label = {"cas": "compare-and-swap on one line", "rw": "one writer / one reader on two lines",
-                 "bw": "one writes a buffer, the other reads it"}[m]
-        out.print(f"[bold]{doc['probe']} ({m}: {label})[/bold], median per pair in {unit}")
-        table = Table(show_edge=False, pad_edge=False)
-        for col in ("pair class", "mean", "median", "min", "max", "pairs"):
-            table.add_column(col, justify="left" if col == "pair class" else "right")
-        for cls, s in doc["summary"][m].items():
-            table.add_row(CLASS_TITLES[cls], fmt.format(s["mean"]), fmt.format(s["median"]), fmt.format(s["min"]),
-                          fmt.format(s["max"]), str(s["pairs"]))
-        out.print(table)
-        if len(cpus) <= 16:
-            mt = Table(show_edge=False, pad_edge=False, title=None)
-            mt.add_column("cpu", justify="right")
-            for c in cpus:
-                mt.add_column(str(c), justify="right")
-            for i, (c, row) in enumerate(zip(cpus, doc["matrices"][m])):
-                mt.add_row(str(c), *("-" if i == j else ("n/m" if v is None else fmt.format(v))
-                                     for j, v in enumerate(row)))
-            out.print(mt)
-    out.print(f"pairs: {doc['pairs']}", markup=False)
-    for w in doc["warnings"]:
-        out.print(f"warning: {w}", markup=False)
-    for w in doc["written"]:
-        out.print(f"wrote {w}", markup=False)
 
 
 @probe.command("latency")
@@ -182,7 +156,9 @@ def _size(text: str, flag: str) -> int:
 @out_option
 def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, compare_likwid, as_json, out_dir):
     """STREAM copy/scale/add/triad as N bound processes per layout; aggregate GB/s."""
-    from tilewise.probes import matrix, output, stream as st
+    from tilewise.probes import matrix, stream as st
+    from tilewise.results import model, report
+    from tilewise.results.output import Writer
 
     t = matrix.live_topology(topology_src)
     cpus = matrix.choose_cpus(t, cpus_text, smt=smt or bool(cpus_text))
@@ -197,116 +173,44 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
     else:
         size, size_note = st.default_size(t, cpus)
         sizes = [size]
-    out = output.OutDir(out_dir)
+    out = Writer(out_dir, name="stream.json", plots=False) if out_dir else Writer(None)
     plans = st.plans_for(t, cpus, pols, smt)
     err = console(stderr=True)
     err.print(f"stream: {len(pols)} layout(s) x {len(sizes)} size(s) on CPUs {cpulist.format(cpus)} ({size_note}); "
               f"estimated {runs * st.estimate_s(plans, sizes, ntimes):.0f} s", markup=False)
-    doc = {"format": output.FORMAT, "probe": "stream", "unit": "GB/s", "complete": False,
-           "environment": output.environment(t), "cpus": list(cpus), "ntimes": ntimes, "runs": runs,
-           "size_rule": size_note, "cases": [], "likwid": []}
+    doc = model.new("probe.stream", topo=t, system_check=_system_check(t),
+                    params={"cpus": list(cpus), "policies": pols, "sizes": sizes, "ntimes": ntimes, "runs": runs,
+                            "smt": smt, "compare_likwid": compare_likwid})
+    doc.update({"probe": "stream", "unit": "GB/s", "cpus": list(cpus), "ntimes": ntimes, "runs": runs,
+                "size_rule": size_note, "cases": [], "likwid": []})
+    try:
+        with _progress(runs * len(pols) * len(sizes), "stream") as prog:
+            task = prog.add_task("stream", total=runs * len(pols) * len(sizes))
 
-    def save():
-        out.write_json("stream.json", doc)
-        out.write_rows_csv("stream.csv", ["policy", "instances", "size_bytes", *(f"{k}_best_gbs" for k in st.KERNELS),
-                                          *(f"{k}_median_gbs" for k in st.KERNELS)],
-                           [[c["policy"], c["instances"], c["size_bytes"],
-                             *(f"{c['kernels'][k]['best_gbs']:.3f}" for k in st.KERNELS),
-                             *(f"{c['kernels'][k]['median_gbs']:.3f}" for k in st.KERNELS)] for c in doc["cases"]])
+            def on_progress(cases):
+                doc["cases"] = cases
+                out.write(doc)  # rewritten after each case: a late failure loses nothing
+                prog.advance(task)
 
-    with _progress(runs * len(pols) * len(sizes), "stream") as prog:
-        task = prog.add_task("stream", total=runs * len(pols) * len(sizes))
-
-        def on_progress(cases):
-            doc["cases"] = cases
-            save()  # rewritten after each case: a late failure loses nothing
-            prog.advance(task)
-
-        st.run(t, cpus, pols, sizes, ntimes=ntimes, runs=runs, smt=smt, on_progress=on_progress)
-        if compare_likwid:
-            for s in sizes:
-                doc["likwid"].append({"size_bytes": s, "threads": len(cpus)} | st.likwid_median(cpus, s, runs))
-    doc["complete"] = True
-    save()
-    if len(sizes) > 1 or out.path:
-        out.plot("stream.png", _stream_plot(doc))
-    doc["written"] = out.written
-    noisy = [f"{c['policy']}@{_human(c['size_bytes'])}" for c in doc["cases"]
+            st.run(t, cpus, pols, sizes, ntimes=ntimes, runs=runs, smt=smt, on_progress=on_progress)
+            if compare_likwid:
+                for s in sizes:
+                    doc["likwid"].append({"size_bytes": s, "threads": len(cpus)} | st.likwid_median(cpus, s, runs))
+    except BaseException as e:
+        model.stopped(doc, e)
+        out.write(doc)
+        raise
+    model.finish(doc, complete=True)
+    noisy = [f"{c['policy']}@{report.human_bytes(c['size_bytes'])}" for c in doc["cases"]
              if c["kernels"]["copy"]["median_gbs"] > 0
              and c["kernels"]["copy"]["best_gbs"] / c["kernels"]["copy"]["median_gbs"] > UNSTABLE]
     doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "
                        "a quiet machine, with more --ntimes or --runs"] if noisy else []
+    out.write(doc, plots=True)
+    doc["written"] = out.written
     if as_json:
         emit_json(doc)
         return
-    _print_stream(doc)
-
-
-def _stream_plot(doc):
-    def draw(plt):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for ax, k in zip(axes, ("copy", "triad")):
-            for pol in dict.fromkeys(c["policy"] for c in doc["cases"]):
-                cs = sorted((c for c in doc["cases"] if c["policy"] == pol), key=lambda c: c["size_bytes"])
-                n = cs[0]["instances"]
-                ax.plot([c["size_bytes"] / 1e6 for c in cs], [c["kernels"][k]["best_gbs"] for c in cs],
-                        marker="o", label=f"{pol} ({n} process{'es' if n > 1 else ''})")
-            ax.set_xscale("log")
-            ax.set_xlabel("array size (MB, one array over all processes)")
-            ax.set_ylabel("aggregate GB/s (best repetition, median of runs)")
-            ax.set_title(f"STREAM {k}")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-        return fig
-    return draw
-
-
-def _print_stream(doc):
-    from rich.table import Table
-
-    from tilewise.probes.stream import KERNELS
-
-    out = console()
-    runs = doc["runs"]
-    out.print(f"[bold]STREAM[/bold] aggregate GB/s (best of {doc['ntimes'] - 1} repetitions after a warm-up"
-              + (f", median over {runs} runs" if runs > 1 else "") + f"; CPUs {cpulist.format(doc['cpus'])})")
-    table = Table(show_edge=False, pad_edge=False)
-    for col in ("policy", "processes", "array size", *KERNELS):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for c in doc["cases"]:
-        table.add_row(c["policy"], str(c["instances"]), _human(c["size_bytes"]),
-                      *(f"{c['kernels'][k]['best_gbs']:.2f}" for k in KERNELS))
-    out.print(table)
-    if doc["likwid"]:
-        out.print("[bold]reference: likwid-bench[/bold] (same number of threads, node domain; likwid reports the "
-                  "mean over its run, tilewise the best and median repetition)")
-        lt = Table(show_edge=False, pad_edge=False)
-        for col in ("array size", "tilewise wim copy best", "median", "likwid-bench", "best/likwid"):
-            lt.add_column(col, justify="right")
-        for l in doc["likwid"]:
-            ours = next((c["kernels"]["copy"] for c in doc["cases"]
-                         if c["policy"] == "wim" and c["size_bytes"] == l["size_bytes"]), None)
-            best = f"{ours['best_gbs']:.2f}" if ours else "(wim not run)"
-            med = f"{ours['median_gbs']:.2f}" if ours else "-"
-            if "gbs" in l:
-                ratio = f"{ours['best_gbs'] / l['gbs']:.3f}" if ours else "-"
-                lt.add_row(_human(l["size_bytes"]), best, med, f"{l['gbs']:.2f}", ratio)
-            else:
-                lt.add_row(_human(l["size_bytes"]), best, med, "not measured", "-")
-        out.print(lt)
-        for l in doc["likwid"]:
-            if "command" in l:
-                out.print(f"  likwid: {l['command']}", markup=False)
-            if "error" in l:
-                out.print(f"  likwid-bench failed: {l['error']}", markup=False)
-    for w in doc["warnings"]:
-        out.print(f"warning: {w}", markup=False)
+    report.render(doc, console(wide=True))
     for w in doc["written"]:
-        out.print(f"wrote {w}", markup=False)
-
-
-def _human(n: int) -> str:
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= f:
-            return f"{n / f:.4g} {unit}"
-    return f"{n} B"
+        console().print(f"wrote {w}", markup=False)

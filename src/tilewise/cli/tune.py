@@ -14,7 +14,6 @@ from tilewise import allocators, topology
 from tilewise.cli.common import console, emit_json, json_option
 from tilewise.cli.workload import make_params, os_options, workload_options
 from tilewise.errors import UsageError
-from tilewise.fsutil import ensure_writable_dir
 
 
 @click.command("tune", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
@@ -89,13 +88,18 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
     if repeat < 1:
         raise UsageError("--repeat must be at least 1")
 
-    ensure_writable_dir(out_dir)
+    from tilewise.environment import system_check
+    from tilewise.results import report
+    from tilewise.results.output import Writer
+
+    writer = Writer(out_dir, plots=False)  # checked before the first run
 
     state = osw.state()
     target = {"workload": w, "params": params.to_json()} if w else {"command": list(command)}
     grid_spec = {"allocators": allocs, "mem": [knobs.Config(mem=m, mem_nodes=n).mem_label() for m, n in mems],
                  "placements": places, "thp": thps, "autonuma": ans, "cases": len(grid)}
-    env = sweep.environment(t, state)
+    base = sweep.new_doc(t, state, target=target, grid_spec=grid_spec, repeat=repeat, warmup=warmup,
+                         system_check=system_check(numa_nodes=len(t.cpu_nodes)))
     err = console(stderr=True)
     quiet = as_json
 
@@ -110,7 +114,7 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
         return r.wall_s, {"allocator_verified": r.allocator_verified}
 
     def save(sw_):
-        sweep.write_outputs(out_dir, sweep.results_doc(sw_, target, env, grid_spec))
+        writer.write(sweep.results_doc(sw_, base))
 
     # the switches stay locked for the whole sweep (a second --apply-os run refuses, naming this one);
     # each OS state is applied, its cases run, and it is restored before the next
@@ -120,11 +124,13 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
         stack.enter_context(osw.controlling(keys, "tune --apply-os"))
     with stack:
         sw = _sweep(sweep, grid, runner, repeat, warmup, osw if apply_os else None, state, err, quiet, save)
-    doc = sweep.results_doc(sw, target, env, grid_spec)
-    paths = sweep.write_outputs(out_dir, doc)
-    fig = sweep.plot(doc, os.path.join(out_dir, "fig6.png"))
-    if fig:
-        paths["plot"] = fig
+    doc = sweep.results_doc(sw, base)
+    writer.write(doc, plots=True)
+    paths = {"json": str(writer.json_path)}
+    if (writer.dir / "results.csv").exists():
+        paths["csv"] = str(writer.dir / "results.csv")
+    if writer.plot_paths:
+        paths["plot"] = str(writer.plot_paths[0])
     best = sw.best()
     repro = {}
     if best:
@@ -136,11 +142,14 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
         repro = reproduce(best.config, w, params, command, tuned_path, t)
     doc["files"] = paths
     doc["reproduce"] = repro
-    sweep.write_outputs(out_dir, doc)
+    writer.write(doc, plots=True)
     if as_json:
         emit_json(doc)
     else:
-        print_summary(sw, doc, repro)
+        out = console(wide=True)
+        report.render(doc, out)
+        for k, p in doc["files"].items():
+            out.print(f"wrote {k}: {p}", markup=False)
     if best is None:
         raise UsageError("every configuration failed", "see the failures above and in results.json")
 
@@ -167,36 +176,6 @@ def reproduce(cfg, w, params, command, tuned_path, topo) -> dict:
             f"echo {v} > /sys/kernel/mm/transparent_hugepage/enabled" if k == "thp" else f"echo {v} > /proc/sys/kernel/numa_balancing"
             for k, v in cfg.os_desired().items()))
     return out
-
-
-def print_summary(sw, doc, repro) -> None:
-    out = console()
-    d = sw.default.median
-    best = sw.best()
-    width = max(len(c.config.label()) for c in sw.cases) + 2
-    out.print(f"{'configuration':<{width}} {'runs':>4} {'median s':>9} {'min s':>8} {'max s':>8} {'spread':>6} {'vs default':>10}",
-              markup=False)
-    for c in sorted(sw.cases, key=lambda c: (c.median is None, c.median or 0)):
-        mark = "* " if best is not None and c is best else "  "
-        if c.median is None:
-            out.print(f"{mark + c.config.label():<{width}} {0:>4} {'failed':>9}", markup=False)
-            continue
-        vs = f"{d / c.median:.2f}x" if d else ""
-        out.print(f"{mark + c.config.label():<{width}} {len(c.times):>4} {c.median:>9.3f} {min(c.times):>8.3f} "
-                  f"{max(c.times):>8.3f} {c.spread:>6.0%} {vs:>10}", markup=False)
-    if best:
-        sp = sw.speedup()
-        out.print(f"best: {best.config.label()}  median {best.median:.3f} s, spread {best.spread:.0%}; "
-                  f"{sp:.2f}x over the default ({d:.3f} s)" if sp else f"best: {best.config.label()}", markup=False)
-        out.print(f"reproduce: {repro['tilewise']}", markup=False)
-        out.print(f"       or: {repro['environment']}", markup=False)
-        out.print(f"feed back: {repro['exec']}", markup=False)
-        if "os" in repro:
-            out.print(f"       os: {repro['os']}", markup=False)
-    for wmsg in doc["warnings"]:
-        out.print(f"warning: {wmsg}", markup=False)
-    for k, p in doc["files"].items():
-        out.print(f"wrote {k}: {p}", markup=False)
 
 
 def _sweep(sweep, grid, runner, repeat, warmup, osw, state, err, quiet, save):

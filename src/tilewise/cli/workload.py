@@ -93,11 +93,13 @@ def os_options(f):
 @os_options
 @click.option("--timeout", type=float, default=600, show_default=True, help="Seconds before the run is stopped.")
 @click.option("--dry-run", is_flag=True, help="Print the command, binding and per-thread CPUs; run nothing.")
+@click.option("--out", "out_dir", default=None, metavar="DIR",
+              help="Also write results.json (the results model; compare runs with `tilewise report`).")
 @topology_option
 @json_option
 def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale,
                  allocator, mem, placement, config_path, apply_os, thp, autonuma, os_root, timeout, dry_run,
-                 topology_src, as_json):
+                 out_dir, topology_src, as_json):
     """Run one workload (W1 holistic aggregation, W2 distributive aggregation, W3 hash join,
     W4 index nested-loop join, alloc microbenchmark) with an allocator, memory policy and thread
     placement; print its result (time, max RSS, checksum)."""
@@ -143,19 +145,30 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
             out.print(f"thread CPUs: {pin if pin else 'none (OS schedules)'}", markup=False)
             out.print(f"command: {cfg.reproduce_env(argv)}", markup=False)
         return
+    from tilewise.environment import system_check
+    from tilewise.results import model, report
+    from tilewise.results.output import Writer
+
+    writer = Writer(out_dir) if out_dir else Writer(None)  # a bad --out fails before the run
+    doc = model.new("workload", topo=t, system_check=system_check(numa_nodes=len(t.cpu_nodes)),
+                    params={"workload": w, **p.to_json(), "config": cfg.to_json(), "timeout_s": timeout})
     ctx = sw.applied(desired) if apply_os else _null()
     with ctx as changes:
         run_state = sw.state()
         r = wl.run_workload(w, p, cfg, t, timeout=timeout)
-    doc = {"workload": w, "config": cfg.to_json(), "label": cfg.label(), "params": p.to_json(),
-           "result": r.result, "wall_s": r.wall_s, "allocator_verified": r.allocator_verified,
-           "verification": r.verification,
-           "os_switches": {k: v.to_json() for k, v in run_state.items()},
-           "os_changed": [c.to_json() for c in changes], "os_restored": bool(changes)}
+    doc.update({"workload": w, "config": cfg.to_json(), "label": cfg.label(),
+                "result": r.result, "wall_s": r.wall_s, "allocator_verified": r.allocator_verified,
+                "verification": r.verification,
+                "os_switches": {k: v.to_json() for k, v in run_state.items()},
+                "os_changed": [c.to_json() for c in changes], "os_restored": bool(changes)})
+    model.finish(doc, complete=True)
+    writer.write(doc)
     if as_json:
         emit_json(doc)
         return
-    print_result(doc, run_state)
+    report.render(doc, console(wide=True))
+    if writer.json_path:
+        console().print(f"wrote {writer.json_path}", markup=False)
 
 
 class _null:
@@ -164,34 +177,3 @@ class _null:
 
     def __exit__(self, *exc):
         return False
-
-
-def fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def print_result(doc: dict, state: dict) -> None:
-    from tilewise.tune import workloads as wl
-
-    out = console()
-    r = doc["result"]
-    w = doc["workload"]
-    out.print(f"[bold]{w}[/bold] {wl.DESCRIPTIONS[w]}: dataset {r.get('dataset')}, {r.get('threads')} thread(s)")
-    out.print(f"  config     {doc['label']}" + (f" (pinned to CPUs {r['pinned_cpus']})" if r.get("pinned_cpus") else ""),
-              markup=False)
-    out.print(f"  time       {r['time_s']:.3f} s" + (f"  (index build {r['build_s']:.3f} s, reported apart)" if w == "W4" else "")
-              + (f"  (build {r['build_s']:.3f} s, probe {r['probe_s']:.3f} s)" if w == "W3" else ""), markup=False)
-    out.print(f"  max RSS    {fmt_bytes(r['max_rss_bytes'])}", markup=False)
-    if w == "alloc":
-        out.print(f"  overhead   {r['memory_overhead']:.2f} x (max RSS / {fmt_bytes(r['requested_peak_bytes'])} requested at peak)",
-                  markup=False)
-    else:
-        out.print(f"  result     {r.get('result_rows')} rows, checksum {r['checksum']}", markup=False)
-    alloc = {True: "verified in /proc/PID/maps", False: "NOT in use", None: "not checked"}[doc["allocator_verified"]]
-    out.print(f"  allocator  {doc['config']['allocator']}: {alloc}", markup=False)
-    os_line = ", ".join(f"{k} {v.shown}" for k, v in state.items())
-    out.print(f"  OS         {os_line}" + (" (changed for this run, restored)" if doc["os_restored"] else ""), markup=False)

@@ -19,11 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from tilewise.fsutil import atomic_write_json, save_figure
-from tilewise import cpulist
 from tilewise.errors import TilewiseError, UsageError
 
-FORMAT = "tilewise-elastic-bench/1"
 CONFIGS = ("os", "dense", "sparse", "adaptive")
 WORKLOADS = ("q6", "mixed")
 
@@ -143,41 +140,6 @@ def _time_weighted(timeline: list, wall: float) -> float:
     return total / wall if wall > 0 else float(prev_n)
 
 
-def plot(doc: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = doc["cases"]
-    workloads = [w for w in WORKLOADS if any(c["workload"] == w for c in cases)]
-    fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.4 * len(workloads)), squeeze=False)
-    for row, w in zip(axes, workloads):
-        cs = [c for c in cases if c["workload"] == w]
-        names = [c["config"] for c in cs]
-        row[0].bar(names, [c["throughput_qps"] or 0 for c in cs], color="tab:blue")
-        row[0].set_ylabel("queries / s")
-        ax2 = row[0].twinx()
-        ax2.plot(names, [c["cpu_s_per_query"] or 0 for c in cs], "o-", color="tab:red")
-        ax2.set_ylabel("CPU s / query", color="tab:red")
-        row[0].set_title(f"{w}: throughput (bars), CPU per query (line)", fontsize=9)
-        for c in cs:
-            tl = c["timeline"]
-            row[1].step([x[0] for x in tl], [x[1] for x in tl], where="post", label=c["config"])
-        row[1].set_xlabel("time since clients started (s)")
-        row[1].set_ylabel("allocated cores")
-        row[1].set_title(f"{w}: cores over time", fontsize=9)
-        row[1].legend(fontsize=7)
-    fig.suptitle(f"elastic allocator, {doc['params']['clients']} clients, SF {doc['params']['sf']}", fontsize=10)
-    fig.tight_layout()
-    save_figure(fig, path)
-    return path
-
-
-def write_atomic(path: Path, doc: dict) -> None:
-    atomic_write_json(path, doc, indent=1)
-
-
 def tables_for(workload: str, data: Path) -> dict:
     from tilewise.data import table_paths
 
@@ -203,4 +165,4 @@ def check_choice(text: str, allowed: tuple, what: str) -> list[str]:
     return out
 
 
-__all__ = ["run_case", "plot", "CONFIGS", "WORKLOADS", "FORMAT", "cpulist"]
+__all__ = ["run_case", "CONFIGS", "WORKLOADS"]

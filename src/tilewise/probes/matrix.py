@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from tilewise import cpulist, native, topology
 from tilewise.errors import TilewiseError, UsageError
-from tilewise.probes import output, pairs as pairs_mod
+from tilewise.probes import pairs as pairs_mod
 from tilewise.topology.model import Topology
 
 LATENCY_MODES = ("cas", "rw")
@@ -162,27 +162,25 @@ def assemble(cpus: Sequence[int], stats: Sequence[PairStat], mode: str, field: s
     return m
 
 
-def build_doc(probe: str, t: Topology, cpus, selection: str, params, stats: Sequence[PairStat],
-              modes: Sequence[str], unit: str, complete: bool) -> dict:
-    doc = {
-        "format": output.FORMAT,
-        "probe": probe,
+def build_doc(doc: dict, t: Topology, cpus, selection: str, stats: Sequence[PairStat], modes: Sequence[str],
+              unit: str) -> dict:
+    """Fill a probe.latency / probe.bandwidth results document (results.model.new) with the
+    measured pairs: raw per-pair statistics, median matrices, p10/p90 spread, per-class summary."""
+    doc.update({
+        "probe": doc["kind"].split(".", 1)[1],
         "unit": unit,
-        "complete": complete,
-        "environment": output.environment(t),
         "cpus": list(cpus),
         "pairs": selection,
-        "params": asdict(params),
         "matrices": {},
         "spread": {},
         "summary": {},
         "raw": [s.to_json() for s in stats],
-    }
+    })
     for mode in modes:
         med = assemble(cpus, stats, mode)
         doc["matrices"][mode] = med
         doc["spread"][mode] = {"p10": assemble(cpus, stats, mode, "p10"), "p90": assemble(cpus, stats, mode, "p90")}
-        doc["summary"][mode] = pairs_mod.group_matrix(t, cpus, med)
+        doc["summary"][mode] = pairs_mod.group_matrix(t, cpus, med, values=True)
     return doc
 
 

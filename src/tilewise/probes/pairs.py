@@ -87,12 +87,13 @@ def select_pairs(t: Topology, cpus, *, full: bool = False, per_class: int = PER_
     return sorted(chosen), desc
 
 
-def group_matrix(t: Topology, cpus, matrix) -> dict[str, dict]:
+def group_matrix(t: Topology, cpus, matrix, *, values: bool = False) -> dict[str, dict]:
     """Summarise a CPU x CPU matrix by topology class.
 
     `matrix[i][j]` is the value for (cpus[i], cpus[j]); None (or a non-positive value, the
     "not measured" marker of stored topologies) is skipped; the diagonal is ignored. Returns, for
-    each class that has at least one measured pair, {"mean", "median", "min", "max", "pairs"}.
+    each class that has at least one measured pair, {"mean", "median", "min", "max", "pairs"}
+    (and "values", the pairs' values, with values=True).
     """
     cpus = list(cpus)
     if len(matrix) != len(cpus) or any(len(r) != len(cpus) for r in matrix):
@@ -112,6 +113,8 @@ def group_matrix(t: Topology, cpus, matrix) -> dict[str, dict]:
         if v:
             out[cls] = {"mean": statistics.fmean(v), "median": statistics.median(v), "min": min(v), "max": max(v),
                         "pairs": len(v)}
+            if values:
+                out[cls]["values"] = v
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -168,9 +169,49 @@ class Topology:
         return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
     def summary(self) -> str:
-        from tilewise.topology.render import summary_line
-
         return summary_line(self)
+
+
+def human_bytes(n: int) -> str:
+    if n <= 0:
+        return "unknown"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
+    return f"{n} B"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def summary_line(t: Topology) -> str:
+    """e.g. '2 packages, 2 NUMA nodes, 16 chiplets x 8 cores, SMT2, 512 GiB'."""
+    parts = [_plural(len(t.packages), "package")]
+    nodes = _plural(len(t.numa_nodes), "NUMA node")
+    cpuless = sum(1 for n in t.numa_nodes if n.cpuless)
+    if cpuless:
+        nodes += f" ({cpuless} CPU-less)"
+    parts.append(nodes)
+    per_l3 = Counter(sum(1 for c in t.cores if c.l3 == d.id) for d in t.l3_domains)
+    sizes = " + ".join(f"{k} x {_plural(v, 'core')}" for v, k in sorted(per_l3.items(), key=lambda kv: -kv[1]))
+    word = "chiplet" if t.l3_known else "node-wide domain"
+    spanning = [d for d in t.l3_domains if d.spans_nodes]
+    if len(per_l3) == 1:
+        (v, k), = per_l3.items()
+        parts.append(f"{k} {word}{'s' if k != 1 else ''} x {_plural(v, 'core')}")
+    else:
+        parts.append(f"{len(t.l3_domains)} {word}s ({sizes})")
+    if spanning:
+        per = Counter(len(d.numa_nodes) for d in spanning)
+        if len(spanning) == len(t.l3_domains) and len(per) == 1:
+            parts[-1] += f" each spanning {next(iter(per))} NUMA nodes"
+        else:
+            parts[-1] += f", {len(spanning)} spanning several NUMA nodes"
+    parts.append(f"SMT{t.smt}" if t.smt > 1 else "no SMT")
+    parts.append(human_bytes(t.memory_bytes))
+    return ", ".join(parts)
 
 
 def validate(t: Topology) -> None:

@@ -14,23 +14,15 @@ the grid: the speedup is reported against it.
 
 from __future__ import annotations
 
-import csv
 import itertools
-import json
-import os
 import statistics
-import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from tilewise.fsutil import atomic_write, save_figure
-from tilewise.environment import capture
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.tune.knobs import Config
 
-RESULTS_FORMAT = "tilewise-tune-results"
-RESULTS_VERSION = 1
 UNSTABLE_SPREAD = 0.10  # (max - min) / median above this: warn
 
 
@@ -182,116 +174,38 @@ def _one(c: Case, runner: Runner, *, record: bool, repeat_index: int = 0) -> Non
 
 # ---- outputs ---------------------------------------------------------------------------------------
 
-def environment(topo, os_state: dict) -> dict:
+def new_doc(topo, os_state: dict, *, target: dict, grid_spec: dict, repeat: int, warmup: int,
+            system_check: dict | None = None) -> dict:
+    """The results document of a sweep (results.model, kind "tune"), before any run."""
     from tilewise import allocators
+    from tilewise.results import model
 
-    return capture(topo, os_switches={k: v.to_json() for k, v in os_state.items()},
-                   allocators=allocators.available())
-
-
-def results_doc(sw: Sweep, target: dict, env: dict, grid_spec: dict) -> dict:
-    best = sw.best()
-    return {"format": RESULTS_FORMAT, "version": RESULTS_VERSION,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "search": "grid", "target": target, "environment": env, "grid": grid_spec,
-            "repeat": sw.repeat, "warmup": sw.warmup, "interrupted": sw.interrupted,
-            "cases": [dict(c.summary(), raw=c.runs) for c in sw.cases],
-            "default": sw.default.summary(),
-            "best": best.summary() if best else None,
-            "speedup_over_default": sw.speedup(),
-            "warnings": sw.warnings()}
-
-
-def load_results(path: str) -> dict:
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"cannot read results {path}: {e}") from None
-    if doc.get("format") != RESULTS_FORMAT or doc.get("version") != RESULTS_VERSION:
-        raise UsageError(f"{path}: unknown results format/version {doc.get('format')!r} {doc.get('version')!r}",
-                         f"this tilewise reads {RESULTS_FORMAT} version {RESULTS_VERSION}")
+    doc = model.new("tune", topo=topo, system_check=system_check,
+                    os_switches={k: v.to_json() for k, v in os_state.items()}, allocators=allocators.available(),
+                    params={"target": target, "grid": grid_spec, "repeat": repeat, "warmup": warmup})
+    doc.update({"search": "grid", "target": target, "grid": grid_spec, "repeat": repeat, "warmup": warmup})
     return doc
 
 
-CSV_FIELDS = ["case", "label", "allocator", "mem", "mem_nodes", "placement", "thp", "autonuma", "repeat",
-              "status", "time_s", "max_rss_bytes", "memory_overhead", "checksum", "error"]
+def results_doc(sw: Sweep, doc: dict) -> dict:
+    """Fill the sweep's cases, default, best and warnings into its results document."""
+    from tilewise.results import model
+
+    best = sw.best()
+    doc.update({"cases": [dict(c.summary(), raw=c.runs) for c in sw.cases],
+                "default": sw.default.summary(),
+                "best": best.summary() if best else None,
+                "speedup_over_default": sw.speedup(),
+                "warnings": sw.warnings()})
+    done = all(len(c.runs) == sw.repeat for c in sw.cases)
+    model.finish(doc, complete=done and not sw.interrupted, interrupted=sw.interrupted)
+    return doc
 
 
-def write_outputs(out_dir: str, doc: dict) -> dict[str, str]:
-    """results.json and results.csv (rewritten after every run, so a late failure loses nothing)."""
-    paths = {"json": os.path.join(out_dir, "results.json"), "csv": os.path.join(out_dir, "results.csv")}
-    _atomic_write(paths["json"], json.dumps(doc, indent=2) + "\n")
-    rows = []
-    for c in doc["cases"]:
-        cfg = c["config"]
-        for r in c["raw"]:
-            res = r.get("result", {}) if isinstance(r.get("result"), dict) else {}
-            rows.append({"case": c["case"], "label": c["label"], "allocator": cfg["allocator"], "mem": cfg["mem"],
-                         "mem_nodes": ",".join(map(str, cfg["mem_nodes"])), "placement": cfg["placement"],
-                         "thp": cfg["thp"] or "", "autonuma": cfg["autonuma"] or "", "repeat": r["repeat"],
-                         "status": r["status"], "time_s": r.get("time_s", ""),
-                         "max_rss_bytes": res.get("max_rss_bytes", r.get("max_rss_bytes", "")),
-                         "memory_overhead": r.get("memory_overhead") or "",
-                         "checksum": r.get("checksum", ""), "error": r.get("error", "")})
-    import io
+def load_results(path: str) -> dict:
+    from tilewise.results import model
 
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    _atomic_write(paths["csv"], buf.getvalue())
-    return paths
-
-
-def _atomic_write(path: str, text: str) -> None:
-    try:
-        atomic_write(path, text)
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
-
-
-def plot(doc: dict, path: str) -> str | None:
-    """Runtime per allocator x memory policy (bars: median, whiskers: min-max), like Fig. 6 of
-    paper 003; one panel per placement/OS state. Returns None when nothing was measured."""
-    cases = [c for c in doc["cases"] if c["median_s"] is not None]
-    if not cases:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels: dict[str, list[dict]] = {}
-    for c in cases:
-        cfg = c["config"]
-        os_part = ",".join(x for x in (f"thp={cfg['thp']}" if cfg["thp"] else "",
-                                       f"autonuma={cfg['autonuma']}" if cfg["autonuma"] else "") if x)
-        panels.setdefault(f"placement {cfg['placement']}" + (f", {os_part}" if os_part else ""), []).append(c)
-    n = len(panels)
-    fig, axes = plt.subplots(n, 1, figsize=(8, 3.2 * n), squeeze=False)
-    target = doc.get("target", {})
-    title = target.get("workload") or " ".join(target.get("command", []))[:60] or "command"
-    for ax, (name, cs) in zip(axes[:, 0], panels.items()):
-        allocs = list(dict.fromkeys(c["config"]["allocator"] for c in cs))
-        mems = list(dict.fromkeys(c["label"].split("/")[1] for c in cs))
-        width = 0.8 / max(1, len(mems))
-        for j, m in enumerate(mems):
-            xs, ys, lo, hi = [], [], [], []
-            for i, a in enumerate(allocs):
-                hit = [c for c in cs if c["config"]["allocator"] == a and c["label"].split("/")[1] == m]
-                if hit:
-                    c = hit[0]
-                    xs.append(i + (j - (len(mems) - 1) / 2) * width)
-                    ys.append(c["median_s"])
-                    lo.append(c["median_s"] - c["min_s"])
-                    hi.append(c["max_s"] - c["median_s"])
-            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=m)
-        ax.set_xticks(range(len(allocs)))
-        ax.set_xticklabels(allocs)
-        ax.set_ylabel("runtime (s), median")
-        ax.set_title(f"{title}: {name}", fontsize=10)
-        ax.legend(title="memory policy", fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path)
-    return path
+    doc = model.load(path)
+    if doc["kind"] != "tune":
+        raise UsageError(f"{path} holds {doc['kind']} results, not a tuner's", "give the results.json of `tilewise tune`")
+    return doc

@@ -1,0 +1,79 @@
+"""`tilewise report DIR...`: show one results folder again, or compare several (before/after,
+machine A against machine B) metric by metric, as a table and a plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tilewise.cli.common import console, emit_json, json_option
+from tilewise.errors import UsageError
+
+
+@click.command("report")
+@click.argument("paths", nargs=-1, metavar="DIR|FILE...")
+@click.option("--metrics", "select", default=None, metavar="GLOB",
+              help="Compare only the metrics whose name matches, e.g. 'wim/*' or '*/qphh@size'.")
+@click.option("--label", "labels", multiple=True, metavar="NAME",
+              help="Name of a run in the table (once per DIR, in order; default: the folder name).")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Write the comparison plot here.")
+@click.option("--out", "out_dir", default=None, metavar="DIR",
+              help="Write report.json, report.csv and report.png (the comparison) into DIR.")
+@json_option
+def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
+    """Read results written by bench tpch, bench elastic, probe, workload --out or tune (any
+    version tilewise wrote: older files are upgraded on load). With one DIR, show its tables again;
+    with several, compare each against the first: medians with n, the ratio of geometric means
+    with its 95 % confidence interval, and whether the change is beyond the noise.
+
+    \b
+    tilewise report results/before results/after
+    tilewise report hostA/tpch hostB/tpch --metrics '*/qphh@size' --plot cmp.png
+    """
+    from tilewise import fsutil
+    from tilewise.results import model, report
+
+    if not paths:
+        raise UsageError("no results given", "name one or more results folders, e.g. tilewise report results/tpch")
+    if labels and len(labels) != len(paths):
+        raise UsageError(f"{len(labels)} --label for {len(paths)} results", "give one --label per results folder")
+    docs = [model.load(p) for p in paths]
+    names = list(labels) if labels else _labels(paths)
+    if len(docs) == 1 and not (plot_path or out_dir):
+        if as_json:
+            emit_json(docs[0])
+        else:
+            report.render(docs[0], console(wide=True))
+        return
+    cmp = report.compare(list(zip(names, docs)), select=select)
+    if select and not cmp["metrics"]:
+        raise UsageError(f"no metric matches {select!r}", "see the metric names with tilewise report DIR --json")
+    written = []
+    if out_dir:
+        d = fsutil.ensure_writable_dir(out_dir)
+        written.append(str(fsutil.atomic_write_json(d / "report.json", cmp)))
+        written.append(str(fsutil.atomic_write(d / "report.csv", report.comparison_csv(cmp))))
+        plot_path = plot_path or str(d / "report.png")
+    if plot_path:
+        p = report.comparison_plot(cmp, Path(plot_path))
+        if p:
+            written.append(str(p))
+    cmp["written"] = written
+    if as_json:
+        emit_json(cmp)
+        return
+    report.render_comparison(cmp, console(wide=True))
+    for w in written:
+        console().print(f"wrote {w}", markup=False)
+
+
+def _labels(paths) -> list[str]:
+    out = []
+    for p in paths:
+        q = Path(p)
+        name = q.name if q.is_dir() else f"{q.parent.name}/{q.name}"
+        while name in out:
+            name += "'"
+        out.append(name)
+    return out

@@ -1,0 +1,80 @@
+"""Writing a results document: the JSON, then the CSV files and plots the reporting module makes
+from it, into an output folder checked before the first measurement (hyperfine's rule: a bad path
+fails early; every write is atomic and repeated after each case, so a late failure loses nothing).
+
+Files a kind owns that the current document does not produce (no rows yet, an interrupted run)
+are removed, so a folder never shows an older run's table or plot beside this run's results.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tilewise import fsutil
+from tilewise.errors import TilewiseError
+from tilewise.results import model, report
+
+
+class Writer:
+    def __init__(self, out_dir: str | os.PathLike | None, *, name: str = "results.json", csv: bool = True,
+                 plots: bool = True) -> None:
+        """out_dir None: nothing is written (commands whose --out is optional)."""
+        self.dir = fsutil.ensure_writable_dir(out_dir) if out_dir is not None else None
+        self.name = name
+        self.csv = csv
+        self.plots = plots
+        self.written: list[str] = []
+        self.plot_paths: list[Path] = []
+
+    @property
+    def json_path(self) -> Path | None:
+        return None if self.dir is None else self.dir / self.name
+
+    def _done(self, p: Path) -> None:
+        if str(p) not in self.written:
+            self.written.append(str(p))
+
+    def write(self, doc: dict, *, plots: bool | None = None) -> dict:
+        """Derive the metrics, write the JSON, the CSV files and (unless plots=False) the plots."""
+        model.with_metrics(doc)
+        if doc.get("kind") == "tpch":
+            doc["summary"] = report.tpch_summary(doc)
+        if self.dir is None:
+            return doc
+        try:
+            self._done(fsutil.atomic_write_json(self.dir / self.name, doc, default=str))
+            produced = set()
+            if self.csv:
+                for fname, text in report.csv_files(doc).items():
+                    self._done(fsutil.atomic_write(self.dir / fname, text))
+                    produced.add(fname)
+        except OSError as e:
+            raise TilewiseError(f"cannot write results to {self.dir}: {e.strerror or e}") from None
+        if plots if plots is not None else self.plots:
+            try:
+                self.plot_paths = report.plot_files(doc, self.dir)
+            except Exception as e:  # a plot is a report, never a reason to lose a run
+                doc.setdefault("warnings", []).append(f"plots not written: {e}")
+                self.plot_paths = []
+            for p in self.plot_paths:
+                self._done(p)
+                produced.add(Path(p).name)
+            doc["plots"] = [str(p) for p in self.plot_paths]
+            fsutil.atomic_write_json(self.dir / self.name, doc, default=str)
+        else:
+            self.plot_paths = []
+            doc.pop("plots", None)
+        self._remove_stale(doc, produced)
+        return doc
+
+    def _remove_stale(self, doc: dict, produced: set[str]) -> None:
+        for fname in report.owned_files(doc):
+            if fname in produced:
+                continue
+            try:
+                (self.dir / fname).unlink()
+            except OSError:
+                pass
+            if str(self.dir / fname) in self.written:
+                self.written.remove(str(self.dir / fname))

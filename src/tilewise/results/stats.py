@@ -1,0 +1,123 @@
+"""Statistics of repeated measurements, as pyperf and hyperfine report them.
+
+``summarize(values)`` gives n, min/median/max, mean, the sample standard deviation (None with
+fewer than two values: one run has no spread), a 95 % confidence interval of the mean (Student's
+t; None with fewer than two values; cut at 0 for non-negative quantities) and the outliers (modified z-score of Iglewicz and Hoaglin,
+|z| > 3.5, from the median absolute deviation; none are flagged with fewer than four values).
+``ratio_ci(a, b)`` is the 95 % interval of the ratio of the geometric means of two samples
+(Welch's t on the logarithms), for before/after comparisons.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+CONFIDENCE = 0.95
+OUTLIER_Z = 3.5
+MIN_FOR_OUTLIERS = 4
+
+# two-sided 95 % quantiles of Student's t, t(0.975, df) for df = 1..30, then sparse to infinity
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+_T975_TAIL = ((40, 2.021), (60, 2.000), (120, 1.980))
+_Z975 = 1.960
+
+
+def t975(df: float) -> float:
+    """t(0.975, df); a fractional df (Welch) is rounded down, which widens the interval (conservative)."""
+    if not df >= 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    d = int(math.floor(df))
+    if d <= len(_T975):
+        return _T975[d - 1]
+    prev_t = _T975[-1]
+    for k, t in _T975_TAIL:
+        if d < k:
+            return prev_t  # the value at the next lower tabulated df: never narrower than the truth
+        prev_t = t
+    return _Z975 if d > 1000 else prev_t
+
+
+def _finite(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float] | None:
+    xs = _finite(values)
+    if len(xs) < 2:
+        return None
+    m = statistics.fmean(xs)
+    half = t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return (m - half, m + half)
+
+
+def outliers(values: Sequence[float]) -> list[int]:
+    """Indexes of outliers: |0.6745 (x - median) / MAD| > 3.5. With MAD 0, the mean absolute
+    deviation stands in (scaled by 1.2533); when that is 0 too, nothing is an outlier."""
+    xs = _finite(values)
+    if len(xs) < MIN_FOR_OUTLIERS or len(xs) != len(values):
+        return []
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    if mad > 0:
+        scores = [0.6745 * (x - med) / mad for x in xs]
+    else:
+        meanad = statistics.fmean(abs(x - med) for x in xs)
+        if meanad == 0:
+            return []
+        scores = [(x - med) / (1.253314 * meanad) for x in xs]
+    return [i for i, z in enumerate(scores) if abs(z) > OUTLIER_Z]
+
+
+def summarize(values: Sequence[float]) -> dict:
+    """n, min, median, max, mean, stdev, ci95 [low, high], rel_spread, outliers (indexes)."""
+    xs = _finite(values)
+    if not xs:
+        return {"n": 0, "min": None, "median": None, "max": None, "mean": None, "stdev": None, "ci95": None,
+                "rel_spread": None, "outliers": []}
+    med = statistics.median(xs)
+    ci = mean_ci(xs)
+    if ci and min(xs) >= 0:
+        ci = (max(0.0, ci[0]), ci[1])  # times, rates, sizes: an interval below zero means nothing
+    return {
+        "n": len(xs),
+        "min": min(xs),
+        "median": med,
+        "max": max(xs),
+        "mean": statistics.fmean(xs),
+        "stdev": statistics.stdev(xs) if len(xs) > 1 else None,
+        "ci95": list(ci) if ci else None,
+        "rel_spread": ((max(xs) - min(xs)) / med if med else None) if len(xs) > 1 else None,
+        "outliers": outliers(xs),
+    }
+
+
+def geomean(xs: Sequence[float | None]) -> float | None:
+    ys = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
+    if not ys:
+        return None
+    return math.exp(sum(math.log(y) for y in ys) / len(ys))
+
+
+def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict | None:
+    """b relative to a: the ratio of geometric means gm(b)/gm(a) with a 95 % interval (Welch's t on
+    log values). The interval is None unless both samples have two or more positive values."""
+    la = [math.log(x) for x in _finite(a) if x > 0]
+    lb = [math.log(x) for x in _finite(b) if x > 0]
+    if not la or not lb:
+        return None
+    diff = statistics.fmean(lb) - statistics.fmean(la)
+    out = {"ratio": math.exp(diff), "ci95": None}
+    if len(la) >= 2 and len(lb) >= 2:
+        va, vb = statistics.variance(la) / len(la), statistics.variance(lb) / len(lb)
+        se = math.sqrt(va + vb)
+        if se == 0:
+            out["ci95"] = [out["ratio"], out["ratio"]]
+        else:
+            df = (va + vb) ** 2 / ((va * va) / (len(la) - 1) + (vb * vb) / (len(lb) - 1))
+            half = t975(max(1.0, df)) * se
+            out["ci95"] = [math.exp(diff - half), math.exp(diff + half)]
+    return out
