@@ -19,11 +19,14 @@ def test_bench_tpch_spark_all_22_validated(tmp_path):
     tpch_data.ensure_data(0.01, data)
     out = tmp_path / "res"
     cp = run_cli("bench", "tpch", "--engine", "spark", "--sf", "0.01", "--policies", "wim", "--runs", "1",
-                 "--no-warmup", "--no-plots", "--out", str(out), "--data-dir", str(data), "--json", timeout=600,
+                 "--tests", "power", "--no-warmup", "--no-plots", "--out", str(out), "--data-dir", str(data), "--json", timeout=600,
                  env={"TILEWISE_TEST_TAG": str(tmp_path)})
     assert cp.returncode == 0, cp.stderr[-3000:]
     doc = json.loads(cp.stdout)
-    assert doc["engine"] == "spark"
+    assert doc["params"]["engine"] == "spark" and doc["params"]["tests"] == ["power"]
+    # Spark cannot write its tables: no refresh functions, and the results say so
+    assert doc["refresh"]["applied"] is False and any("without refresh functions" in n for n in doc["notes"])
+    assert doc["policies"]["wim"]["tpch_runs"][0]["power_at_size"] > 0
     pol = doc["policies"]["wim"]
     assert pol["complete"] is True
     assert sorted(pol["queries"]) == sorted(f"q{n}" for n in range(1, 23))

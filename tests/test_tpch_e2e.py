@@ -28,21 +28,31 @@ def data_root(tmp_path_factory):
     return root
 
 
-def _workers() -> list[psutil.Process]:
+def _workers(tag: str) -> list[psutil.Process]:
+    """DuckDB workers started by the run tagged `tag` (other runs on this machine are not ours)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if any("tilewise.engines.duckdb_worker" in c for c in (p.info["cmdline"] or [])):
+            if any("tilewise.engines.duckdb_worker" in c for c in (p.info["cmdline"] or [])) \
+                    and p.environ().get("TILEWISE_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     return out
+
+
+def _is_worker(p: psutil.Process) -> bool:
+    try:
+        return "tilewise.engines.duckdb_worker" in " ".join(p.cmdline())
+    except psutil.Error:  # gone, or a zombie not yet reaped (e.g. a short-lived git run)
+        return False
 
 
 def test_bench_two_policies_end_to_end(tmp_path, data_root):
     out = tmp_path / "res"
     cp = run_cli("bench", "tpch", "--engine", "duckdb", "--sf", "0.01", "--policies", "wim,wic", "--runs", "2",
-                 "--streams", "2", "--out", str(out), "--data-dir", str(data_root), "--json", timeout=240)
+                 "--streams", "2", "--out", str(out), "--data-dir", str(data_root), "--json", timeout=240,
+                 env={"TILEWISE_TEST_TAG": str(tmp_path)})
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)  # --json: results.json on stdout, nothing else
     assert doc == json.loads((out / "results.json").read_text())
@@ -69,6 +79,13 @@ def test_bench_two_policies_end_to_end(tmp_path, data_root):
             assert len(rec["times_s"]) == 2 and all(t > 0 for t in rec["times_s"])
             assert rec["valid"] is True and isinstance(rec["rows"], int)
     assert doc["policies"]["wim"]["queries"]["q1"]["rows"] == 4
+    # TPC-H's metrics, with the refresh functions applied to every DuckDB replica and validated
+    assert doc["refresh"]["applied"] is True and [x["set"] for x in doc["refresh"]["sets"]] == [1, 2, 3]
+    for pol in (wim, wic):
+        assert len(pol["tpch_runs"]) == 2 and len(pol["tpch_warmup"]) == 1
+        for r in pol["tpch_runs"]:
+            assert r["power_at_size"] > 0 and r["throughput_at_size"] > 0 and r["qphh_at_size"] > 0
+            assert r["power"]["rf1_s"] > 0 and len(r["throughput"]["refresh_stream"]) == 2
     s = doc["summary"]
     assert s["wim"]["geomean_speedup_vs_baseline"] == pytest.approx(1.0)
     assert s["wic"]["total_s"] > 0 and s["wic"]["geomean_speedup_vs_baseline"] > 0
@@ -76,13 +93,14 @@ def test_bench_two_policies_end_to_end(tmp_path, data_root):
     assert csv[0].startswith("policy,query,run,time_s") and len(csv) == 1 + 2 * 22 * 2
     for png in ("speedup_per_query.png", "geomean_speedup.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
-    assert not _workers()
+    assert not _workers(str(tmp_path))
 
 
 def test_readable_table_and_wrong_answer_fails_loudly(tmp_path, data_root):
     out = tmp_path / "bad"
     cp = run_cli("bench", "tpch", "--sf", "0.01", "--policies", "wim", "--runs", "1", "--queries", "1,6",
-                 "--out", str(out), "--data-dir", str(data_root), "--inject-wrong-answer", "6", "--no-plots")
+                 "--out", str(out), "--data-dir", str(data_root), "--inject-wrong-answer", "6", "--no-plots",
+                 env={"TILEWISE_TEST_TAG": str(tmp_path)})
     assert cp.returncode == 1
     assert "WRONG ANSWER" in cp.stderr and "q6" in cp.stderr
     assert cp.stderr.strip().splitlines()[-1].startswith("Error: WRONG ANSWER")
@@ -92,7 +110,7 @@ def test_readable_table_and_wrong_answer_fails_loudly(tmp_path, data_root):
     assert doc["policies"]["wim"]["queries"]["q6"]["valid"] is False
     assert doc["policies"]["wim"]["queries"]["q1"]["valid"] is True
     assert doc["summary"]["wim"]["valid"] is False
-    assert not _workers()
+    assert not _workers(str(tmp_path))
 
 
 def test_each_instance_bound_as_planned_read_from_proc(data_root):
@@ -126,8 +144,7 @@ def test_killed_instance_is_detected_and_nothing_is_left(tmp_path, data_root):
         deadline = time.monotonic() + 60
         victims = []
         while time.monotonic() < deadline and proc.poll() is None:
-            kids = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                    if "tilewise.engines.duckdb_worker" in " ".join(c.cmdline())]
+            kids = [c for c in psutil.Process(proc.pid).children(recursive=True) if _is_worker(c)]
             if kids and (tmp_path / "k" / "results.json").exists():
                 victims = kids
                 break
@@ -147,6 +164,42 @@ def test_killed_instance_is_detected_and_nothing_is_left(tmp_path, data_root):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     doc = json.loads((tmp_path / "k" / "results.json").read_text())
     assert "killed by SIGKILL" in doc["policies"]["wic"]["error"]
+
+
+def test_interrupted_bench_says_so(tmp_path, data_root):
+    """Ctrl-C in the middle: exit 130, results.json says interrupted, with what was requested and
+    what completed, and no table or plot of what did not run."""
+    out = tmp_path / "i"
+    exe = str(Path(sys.executable).parent / "tilewise")
+    proc = subprocess.Popen([exe, "bench", "tpch", "--sf", "0.01", "--policies", "wim,wic", "--runs", "1000",
+                             "--queries", "1,6", "--out", str(out), "--data-dir", str(data_root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TILEWISE_TEST_TAG=str(tmp_path)))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                doc = json.loads((out / "results.json").read_text())
+                if len(doc["policies"].get("wim", {}).get("tpch_runs", [])) >= 2:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["interrupted"] is True and doc["complete"] is False
+    assert doc["requested"] == {"policies": ["wim", "wic"], "queries": ["q1", "q6"]}
+    assert doc["completed"]["policies"] == [] and doc["completed"]["queries"] == {"wim": ["q1", "q6"]}
+    assert doc["policies"]["wim"]["error"] == "interrupted" and "wic" not in doc["policies"]
+    assert len(doc["policies"]["wim"]["queries"]["q1"]["times_s"]) >= 2  # what was measured is kept
+    assert not (out / "speedup_per_query.png").exists()  # one policy: no comparison to plot
+    assert not _workers(str(tmp_path))
 
 
 @pytest.mark.parametrize("args, message", [

@@ -262,13 +262,21 @@ class Answer:
 
 
 class Reference:
-    """Reference answers for one data set, computed by DataFusion on first use and cached."""
+    """Reference answers for one data set, computed by DataFusion on first use and cached.
 
-    def __init__(self, dataset: Dataset) -> None:
+    With a refresh `state` (data.refresh.State and its update sets), the answers are those of the
+    loaded data after those TPC-H refresh functions: orders and lineitem become views (loaded rows
+    minus RF2's deletions, plus RF1's insertions), cached apart per state."""
+
+    def __init__(self, dataset: Dataset, *, state=None, sets=None) -> None:
         self.dataset = dataset
         self.data_dir = Path(dataset.dir)
         self.version = reference_engine_version()
+        self.state = state if state is not None and (state.inserted or state.deleted) else None
+        self.sets = sets or {}
         self.cache_dir = self.data_dir / "reference" / f"f3-datafusion-{self.version}"
+        if self.state is not None:
+            self.cache_dir = self.cache_dir / self.state.key
         self._mem: dict[str, tuple[str, Answer]] = {}
         self._ctx = None
 
@@ -303,8 +311,15 @@ class Reference:
             import datafusion
 
             ctx = datafusion.SessionContext()
+            changed = {"orders", "lineitem"} if self.state is not None else set()
             for name, p in self.dataset.tables.items():
-                ctx.register_parquet(name, str(p))
+                ctx.register_parquet(f"{name}__loaded" if name in changed else name, str(p))
+            if self.state is not None:
+                files, views = self.state.views(self.sets)
+                for name, p in files.items():
+                    ctx.register_parquet(name, str(p))
+                for view in views:
+                    ctx.sql(view)
             self._ctx = ctx
         try:
             table = self._ctx.sql(sql).to_arrow_table()

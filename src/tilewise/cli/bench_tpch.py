@@ -54,8 +54,13 @@ class _RichReporter:
 @click.option("--sf", default="1", show_default=True, help="TPC-H scale factor (> 0), e.g. 1 or 0.01.")
 @click.option("--policies", "-p", default="wim,wic,auto", show_default=True,
               help="Comma-separated deployment policies; the first is the baseline (n=K for K instances).")
-@click.option("--streams", "-s", type=int, default=1, show_default=True,
-              help="Concurrent query streams, routed across the instances (throughput mode).")
+@click.option("--streams", "-s", type=int, default=None,
+              help="Query streams of the throughput test (default: the TPC-H minimum for the SF, 2 at SF 1, and at "
+                   "least one per instance on engines whose instances are replicas, like DuckDB).")
+@click.option("--tests", "tests", default="power,throughput", show_default=True, metavar="LIST",
+              help="TPC-H tests per run: power (1 stream, RF1, queries, RF2), throughput (S streams + a refresh stream).")
+@click.option("--refresh/--no-refresh", "refresh", default=None,
+              help="Run the refresh functions RF1/RF2 (default: where the engine can write its tables).")
 @click.option("--runs", "-r", type=int, default=3, show_default=True, help="Timed runs after one warm-up run.")
 @click.option("--out", "-o", "out_dir", default="tpch-results", show_default=True, metavar="DIR",
               help="Where results.json, results.csv and the plots go.")
@@ -73,9 +78,11 @@ class _RichReporter:
 @click.option("--inject-wrong-answer", "inject", default=None, hidden=True,
               help="Test hook: corrupt these queries' answers before validation, e.g. 6.")
 @json_option
-def tpch(engine, sf, policies, streams, runs, out_dir, topology_src, query_list, allocator, config_path, data_dir, mem,
+def tpch(engine, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list, allocator, config_path, data_dir, mem,
          smt, no_warmup, no_plots, inject, as_json):
-    """Run TPC-H under each deployment policy, validate every answer, and report speedups.
+    """Run TPC-H under each deployment policy: per run a power test and a throughput test (with the
+    refresh functions where the engine can write), every answer validated; report per-query times,
+    speedups, Power@Size, Throughput@Size and QphH@Size.
 
     Example: tilewise bench tpch --sf 1 --policies wim,wic,auto --runs 3 --out results/
     """
@@ -92,6 +99,7 @@ def tpch(engine, sf, policies, streams, runs, out_dir, topology_src, query_list,
     allocator = allocator or "system"
     cfg = harness.Config(
         engine=engine, sf=check_sf(sf), policies=policies, streams=streams, runs=runs, out=out_dir,
+        tests=harness.parse_tests(tests), refresh=refresh,
         topology_src=topology_src, queries=Q.parse_selection(query_list), allocator=allocator,
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
         inject_wrong=tuple(Q.parse_selection(inject)) if inject else (),

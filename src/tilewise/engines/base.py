@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tilewise.data import Dataset
+from tilewise.data.refresh import RefreshSet
 from tilewise.plan import Plan
 
 
@@ -92,6 +93,12 @@ class InstanceStatus:
 
 class Engine(abc.ABC):
     name: str = "engine"
+    # Capabilities the harness reads (class attributes, so they are known before start):
+    # replicas: every instance holds a full copy of the data and a query runs on one instance (they
+    #   cannot cooperate on one query, e.g. DuckDB); a throughput test needs streams >= instances.
+    # supports_refresh: apply_refresh() works (the engine can write its tables: TPC-H RF1/RF2).
+    replicas: bool = False
+    supports_refresh: bool = False
 
     @abc.abstractmethod
     def start(self, plan: Plan, *, dataset: Dataset, allocator: str = "system") -> None:
@@ -104,6 +111,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def status(self) -> list[InstanceStatus]:
         """Per instance: pid, binding read back from /proc, health (a crashed instance is unhealthy)."""
+
+    def apply_refresh(self, function: str, rset: RefreshSet) -> float:
+        """Apply TPC-H refresh function `function` ("RF1", "RF2", or "undo-RF1"/"undo-RF2", which
+        restore the loaded state) of update set `rset` to the data, as one transaction; a replica
+        engine applies it to every instance. Returns the seconds until every instance committed.
+        Engines that cannot write keep supports_refresh = False and do not override this."""
+        raise NotImplementedError(f"the {self.name} engine cannot apply refresh functions")
 
     @abc.abstractmethod
     def stop(self) -> None:

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 from tilewise import launch
@@ -69,6 +70,8 @@ def engine_version() -> str:
 
 class DuckDBEngine(Engine):
     name = "duckdb"
+    replicas = True  # every instance loads its own copy; a query runs on one instance
+    supports_refresh = True
 
     def __init__(self) -> None:
         self._sup = launch.Supervisor()
@@ -78,9 +81,11 @@ class DuckDBEngine(Engine):
         self._stopped = False
         self.load_s: dict[int, float] = {}
         self.version = engine_version()
+        self._dataset: Dataset | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, plan: Plan, *, dataset: Dataset, allocator: str = "system") -> None:
+        self._dataset = dataset
         tables = {k: str(v) for k, v in dataset.tables.items()}
         missing = [p for p in tables.values() if not os.path.exists(p)]
         if missing:
@@ -164,6 +169,25 @@ class DuckDBEngine(Engine):
             raise TilewiseError(f"DuckDB instance {w.id} rejected the query: {reply.get('error')}")
         rows = ArrowRows(reply["rows"], reply["payload"]) if "payload" in reply else reply["rows"]
         return QueryResult(reply["columns"], rows, reply["elapsed_s"], w.id)
+
+    def apply_refresh(self, function: str, rset) -> float:
+        """Every replica applies the function in one transaction, all in parallel (concurrently
+        with the queries running there); returns the wall time until the last one committed."""
+        from tilewise.data import refresh
+
+        if self._stopped or self._dataset is None:
+            raise TilewiseError("the DuckDB engine is not running")
+        sql = refresh.statements(function, rset, self._dataset)
+        t0 = time.perf_counter()
+        waits = [(w, self._submit(w, {"op": "execute", "sql": sql})) for w in self._workers]
+        errors = []
+        for w, pend in waits:
+            reply = self._wait(w, pend, f"applying {function} of refresh set {rset.number}")
+            if not reply.get("ok"):
+                errors.append(f"instance {w.id}: {reply.get('error')}")
+        if errors:
+            raise TilewiseError(f"DuckDB could not apply {function} of refresh set {rset.number}: {errors[0]}")
+        return time.perf_counter() - t0
 
     def info(self, instance: int) -> dict:
         w = self._by_id(instance)

@@ -5,7 +5,8 @@ policy, LD_PRELOAD allocator). It talks to the parent over two dedicated pipes (
 given on the command line), never stdout. A message is an 8-byte header (two big-endian lengths:
 a pickled dict, then a raw payload, possibly empty) followed by both. Requests carry an "id" that
 the reply repeats: {"op": "load", "tables": {name: path}}, {"op": "query", "sql": ...},
-{"op": "info"}, {"op": "exit"}. Replies: {"id": .., "ok": True, ...} or {"id": .., "ok": False,
+{"op": "execute", "sql": [statements]} (one transaction: the TPC-H refresh functions, run like a
+query by the thread that read it, concurrently with queries), {"op": "info"}, {"op": "exit"}. Replies: {"id": .., "ok": True, ...} or {"id": .., "ok": False,
 "error": "..."}.
 
 A query's answer is fetched inside the timed region (execute + fetch, ``fetch_answer``, which the
@@ -154,6 +155,8 @@ class Server:
         try:
             if op == "query":
                 self.query(msg)
+            elif op == "execute":
+                self.execute(msg)
             elif op == "load":
                 with self.serial:
                     t0 = time.perf_counter()
@@ -170,6 +173,24 @@ class Server:
                 self.reply(msg, {"ok": False, "error": f"unknown request {op!r}"})
         except Exception as e:  # a failing request is an answer, not a crash
             self.reply(msg, {"ok": False, "error": f"{type(e).__name__}: {e}"})
+
+    def execute(self, msg: dict) -> None:
+        """Statements in one transaction, all or nothing (TPC-H RF1/RF2 and their undo)."""
+        cur = self.con.cursor()
+        try:
+            t0 = time.perf_counter()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                for stmt in msg["sql"]:
+                    cur.execute(stmt)
+                cur.execute("COMMIT")
+            except Exception:
+                cur.execute("ROLLBACK")
+                raise
+            elapsed = time.perf_counter() - t0
+        finally:
+            cur.close()
+        self.reply(msg, {"ok": True, "elapsed_s": elapsed})
 
     def query(self, msg: dict) -> None:
         cur = self.con.cursor()
