@@ -27,13 +27,15 @@ src/tilewise/_bin/.built: $(NATIVE_SRC)
 	touch $@
 
 # The main job: TPC-H SF1 on DuckDB under the policies that apply to this machine (wim, wic, auto),
-# 2 concurrent streams, warm-up + 3 timed runs, every answer validated; report in results/tpch-sf1/.
-# About 1-3 minutes on 2 cores (+ under a minute to generate SF1 the first time). RUN_ARGS adds flags, e.g. make run RUN_ARGS='--runs 1'.
+# per run a power test and a throughput test (streams: the TPC-H minimum, at least one per instance) with
+# the refresh functions, warm-up + 3 timed runs, every answer validated; report in results/tpch-sf1/.
+# About 2-4 minutes on 2 cores (+ a few minutes the first time: generating SF1 and its refresh sets, and the
+# reference answers of each data state the refresh functions produce, all cached). RUN_ARGS adds flags, e.g. make run RUN_ARGS='--runs 1'.
 RUN_ARGS ?=
 run: setup
 	$(BIN)/tilewise topo
 	$(BIN)/tilewise plan --policy auto
-	$(BIN)/tilewise bench tpch --engine duckdb --sf 1 --policies wim,wic,auto --streams 2 --runs 3 \
+	$(BIN)/tilewise bench tpch --engine duckdb --sf 1 --policies wim,wic,auto --runs 3 \
 	    --out results/tpch-sf1 $(RUN_ARGS)
 
 test: setup
