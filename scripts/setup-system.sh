@@ -6,6 +6,7 @@ PKGS=(
   hwloc numactl libnuma-dev likwid
   libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 libtbbmalloc2
   openjdk-17-jre-headless
+  qemu-system-x86 linux-image-amd64 busybox-static   # multi-node QEMU guests for tests/vm
 )
 missing=()
 for p in "${PKGS[@]}"; do

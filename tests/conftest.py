@@ -22,13 +22,29 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     run_slow = config.getoption("--run-slow") or os.environ.get("TILEWISE_SLOW") == "1"
     run_device = config.getoption("--run-device") or os.environ.get("TILEWISE_DEVICE") == "1"
+    # markers, not keywords: keywords also hold directory names (a checkout in a folder named vm...)
+    vm_skip = None
+    if any(item.get_closest_marker("vm") for item in items):
+        vm_skip = _vm_skip_reason()
     for item in items:
-        if "slow" in item.keywords and not run_slow:
+        if item.get_closest_marker("slow") and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow or TILEWISE_SLOW=1"))
-        if "device" in item.keywords and not run_device:
+        if item.get_closest_marker("device") and not run_device:
             item.add_marker(pytest.mark.skip(reason="device: needs a 16+ core machine (--run-device)"))
-        if "root" in item.keywords and os.geteuid() != 0:
+        if item.get_closest_marker("root") and os.geteuid() != 0:
             item.add_marker(pytest.mark.skip(reason="needs root"))
+        if item.get_closest_marker("vm") and vm_skip:
+            item.add_marker(pytest.mark.skip(reason=vm_skip))
+
+
+def _vm_skip_reason() -> str | None:
+    """Why the QEMU guest tests cannot run here (None: they run)."""
+    if os.environ.get("TILEWISE_VM") == "0":
+        return "vm: TILEWISE_VM=0"
+    from vm import harness
+
+    why = harness.missing_prerequisites()
+    return f"vm: {why}" if why else None
 
 
 @pytest.fixture(autouse=True)

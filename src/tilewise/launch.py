@@ -38,12 +38,14 @@ from tilewise.plan import Instance, Plan
 from tilewise.procs import ProcId
 
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL = 0, 1, 2, 3, 4
+MPOL_WEIGHTED_INTERLEAVE = 6  # Linux 6.9+: interleave by the weights in WEIGHTED_INTERLEAVE_SYSFS
 MODE_OF = {"first-touch": MPOL_DEFAULT, "preferred": MPOL_PREFERRED, "membind": MPOL_BIND,
-           "interleave": MPOL_INTERLEAVE, "local": MPOL_LOCAL}
-NEEDS_NODES = ("preferred", "membind", "interleave")
+           "interleave": MPOL_INTERLEAVE, "local": MPOL_LOCAL, "weighted-interleave": MPOL_WEIGHTED_INTERLEAVE}
+NEEDS_NODES = ("preferred", "membind", "interleave", "weighted-interleave")
 # How /proc/PID/numa_maps names each policy (kernel mpol_to_str)
 NUMA_MAPS_NAME = {"first-touch": "default", "preferred": "prefer", "membind": "bind",
-                  "interleave": "interleave", "local": "local"}
+                  "interleave": "interleave", "local": "local", "weighted-interleave": "weighted interleave"}
+WEIGHTED_INTERLEAVE_SYSFS = "/sys/kernel/mm/mempolicy/weighted_interleave"
 SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 258, "s390x": 237}.get(platform.machine(), 238)
 PR_SET_PDEATHSIG = 1
 SPAWN_VAR = "TILEWISE_SPAWN"  # colon-separated tokens of every tilewise spawn a process descends from
@@ -252,11 +254,16 @@ def parse_policy(text: str) -> tuple[str, tuple[int, ...] | None]:
         return mode, None
 
 
+def _policy_field(parts: list[str]) -> str:
+    """The policy column of a numa_maps line; Linux 6.9+ writes "weighted interleave:0-1" (two words)."""
+    return f"{parts[1]} {parts[2]}" if parts[1] == "weighted" and len(parts) >= 3 else parts[1]
+
+
 def read_task_policy(pid: int, proc: str = "/proc") -> str:
     """The process's memory policy as numa_maps shows it for mappings without one of their own: the
     policy most mappings show. '' when numa_maps is empty; OSError when it cannot be read."""
     with open(f"{proc}/{pid}/numa_maps") as f:
-        seen = Counter(parts[1] for line in f if len(parts := line.split()) >= 2)
+        seen = Counter(_policy_field(parts) for line in f if len(parts := line.split()) >= 2)
     return seen.most_common(1)[0][0] if seen else ""
 
 
@@ -350,10 +357,25 @@ def _check_allocator(pid: int, b: Binding, lib: str, v: Verification, wait_s: fl
 
 # ---- is this plan runnable here? ----------------------------------------------------------------
 
+def weighted_interleave_supported(sysfs: str = WEIGHTED_INTERLEAVE_SYSFS) -> bool:
+    """Linux 6.9+ has MPOL_WEIGHTED_INTERLEAVE, and with it this sysfs directory of node weights."""
+    return os.path.isdir(sysfs)
+
+
+def ensure_mem_policy_supported(p: Plan, sysfs: str = WEIGHTED_INTERLEAVE_SYSFS) -> None:
+    if any(i.mem_policy == "weighted-interleave" for i in p.instances) and not weighted_interleave_supported(sysfs):
+        raise TilewiseError(
+            f"memory policy weighted-interleave is not supported by this kernel (Linux {platform.release()}; "
+            "MPOL_WEIGHTED_INTERLEAVE needs 6.9 or later)",
+            "use --mem interleave (equal weights)",
+        )
+
+
 def ensure_runnable(p: Plan, live_fingerprint: str | None = None) -> None:
     """A plan made on a loaded topology that is not this machine can be shown, not executed."""
     from tilewise import topology
 
+    ensure_mem_policy_supported(p)
     live = topology.load(None)
     fp = live_fingerprint or live.fingerprint()
     if p.topology_fingerprint != fp:

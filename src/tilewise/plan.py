@@ -23,7 +23,7 @@ from tilewise.errors import UsageError
 from tilewise.topology.model import Core, Topology
 
 POLICIES = ("wim", "win", "wicp", "wicp-mixed", "wic", "spread", "n", "auto")
-MEM_POLICIES = ("first-touch", "interleave", "membind", "preferred", "local")
+MEM_POLICIES = ("first-touch", "interleave", "membind", "preferred", "local", "weighted-interleave")
 DEFAULT_MEM = {"wim": "first-touch", "win": "membind", "wicp": "membind", "wicp-mixed": "interleave",
                "wic": "local", "spread": "local", "n": "membind"}
 # auto: a measured cross-L3 / within-L3 latency ratio above this means "chiplet machine"
@@ -241,7 +241,7 @@ def plan(
     if mem_policy == "first-touch" and policy != "wim" and mem is None:
         mem_policy = "membind"
     insts = tuple(_instance(t, i, g, mem_policy, mem_nodes) for i, g in enumerate(groups))
-    if policy == "wim" and mem_policy == "interleave" and mem_nodes is None:
+    if policy == "wim" and mem_policy in ("interleave", "weighted-interleave") and mem_nodes is None:
         # WIM+interleave spreads pages over every node that holds CPUs
         insts = tuple(_instance(t, i.id, g, mem_policy, tuple(n.id for n in t.cpu_nodes)) for i, g in zip(insts, groups))
     if not smt and t.smt > 1:

@@ -16,7 +16,8 @@ def plan_options(f):
                      help="wim, win, wicp, wicp-mixed, wic, spread, n (with --instances), auto."),
         click.option("--instances", "-k", type=int, default=None, help="Number of instances (policy n)."),
         click.option("--mem", "mem", default=None, metavar="POLICY",
-                     help="Memory policy: first-touch, interleave, membind, preferred, local (default: the policy's)."),
+                     help="Memory policy: first-touch, interleave, membind, preferred, local, weighted-interleave "
+                          "(Linux 6.9+; default: the policy's)."),
         click.option("--mem-nodes", default=None, metavar="LIST", help="Override the memory nodes, e.g. 0-1,4 (CXL)."),
         click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
         click.option("--engine-threads", type=click.Choice(["parallel", "single"]), default="parallel",

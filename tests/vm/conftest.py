@@ -1,0 +1,13 @@
+"""VM suite: print how long each guest took (boot, total) at the end of the run."""
+
+from __future__ import annotations
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    g = getattr(config, "_tilewise_vm_guests", None)
+    if g is None or not g.times:
+        return
+    tr = terminalreporter
+    tr.section("QEMU guests")
+    for name, r in sorted(g.times.items()):
+        tr.write_line(f"{name:16} {r.accel}: boot {r.boot_s:5.1f} s, total {r.total_s:6.1f} s (exit {r.returncode})")

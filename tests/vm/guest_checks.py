@@ -1,0 +1,322 @@
+"""Runs inside a guest: many end-to-end checks in one boot, printed as one JSON document.
+
+    .venv/bin/python tests/vm/guest_checks.py CHECK [CHECK...]
+
+Each check gathers raw facts (what the kernel shows, what the real `tilewise` CLI printed, where
+pages landed) and never asserts: the host-side tests (test_vm_guests.py) compare them with the
+topology that was booted. A check that crashes records its traceback instead of losing the rest.
+Independent CLI calls run two at a time (Python is 25-45x slower under TCG; the host has 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+TILEWISE = str(BIN / "tilewise")
+PY = sys.executable
+SYS = Path("/sys/devices/system")
+POLICIES = ("wim", "win", "wicp", "wicp-mixed", "wic", "spread", "auto")
+WORK = Path(tempfile.mkdtemp(prefix="tilewise-guest-"))
+PARALLEL = 2
+
+
+def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
+    t0 = time.monotonic()
+    try:
+        cp = subprocess.run([TILEWISE, *args], capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, **(env or {})})
+        rc, out, err = cp.returncode, cp.stdout, cp.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = -9, e.stdout or "", f"timed out after {timeout} s"
+    doc = None
+    if out.lstrip().startswith(("{", "[")):
+        try:
+            doc = json.loads(out)
+        except json.JSONDecodeError:
+            doc = None
+    return {"args": list(args), "rc": rc, "stdout": out if doc is None else "", "stderr": err, "json": doc,
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+def pmap(fn, items):
+    with ThreadPoolExecutor(PARALLEL) as ex:
+        return list(ex.map(fn, items))
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text().strip()
+    except OSError:
+        return ""
+
+
+# ---- checks ------------------------------------------------------------------------------------
+
+def check_sysfs() -> dict:
+    nodes = {}
+    for nd in sorted(SYS.glob("node/node[0-9]*"), key=lambda p: int(p.name[4:])):
+        mem = re.search(r"MemTotal:\s+(\d+) kB", _read(nd / "meminfo"))
+        nodes[nd.name[4:]] = {"cpulist": _read(nd / "cpulist"), "distance": _read(nd / "distance"),
+                              "mem_kb": int(mem.group(1)) if mem else None}
+    cpus = {}
+    for cd in sorted(SYS.glob("cpu/cpu[0-9]*"), key=lambda p: int(p.name[3:])):
+        l3 = ""
+        for idx in sorted(cd.glob("cache/index*")):
+            if _read(idx / "level") == "3":
+                l3 = _read(idx / "shared_cpu_list")
+        cpus[cd.name[3:]] = {"package": _read(cd / "topology/physical_package_id"), "die": _read(cd / "topology/die_id"),
+                             "siblings": _read(cd / "topology/thread_siblings_list"), "l3": l3}
+    mounts = [ln.split(" - ")[1].split()[0] + " " + ln.split()[4] for ln in _read(Path("/proc/self/mountinfo")).splitlines()
+              if " - cgroup" in ln]
+    return {"kernel": os.uname().release, "nodes": nodes, "cpus": cpus, "cgroup_mounts": mounts,
+            "weighted_interleave_sysfs": os.path.isdir("/sys/kernel/mm/mempolicy/weighted_interleave")}
+
+
+def check_topo() -> dict:
+    mine = WORK / "tilewise.xml"
+    theirs = WORK / "lstopo.xml"
+    again = WORK / "lstopo-again.xml"
+    out: dict = {}
+    out["json"] = cli("topo", "--json", "--export", str(mine))
+    out["text"] = cli("topo")
+    # real hwloc on this kernel, loaded by tilewise; and our export re-read by real hwloc
+    hw = subprocess.run(["lstopo-no-graphics", "--no-io", "--of", "xml", "-f", str(theirs)], capture_output=True, text=True)
+    out["lstopo_rc"] = hw.returncode
+    out["lstopo_err"] = hw.stderr[-2000:]
+    out["from_lstopo"] = cli("topo", "--topology", str(theirs), "--json")
+    hw2 = subprocess.run(["lstopo-no-graphics", "--input", str(mine), "--of", "xml", "-f", str(again)],
+                         capture_output=True, text=True)
+    out["lstopo_reads_export_rc"] = hw2.returncode
+    out["lstopo_reads_export_err"] = hw2.stderr[-2000:]
+    out["export_via_lstopo"] = cli("topo", "--topology", str(again), "--json") if hw2.returncode == 0 else None
+    tree = subprocess.run(["lstopo-no-graphics", "--no-io", "-p"], capture_output=True, text=True)
+    out["lstopo_tree"] = tree.stdout[-4000:]
+    return out
+
+
+def check_plan() -> dict:
+    calls = [(p, ["plan", "--policy", p, "--json"]) for p in POLICIES]
+    calls += [("n2", ["plan", "--policy", "n", "--instances", "2", "--json"]),
+              ("wic-smt", ["plan", "--policy", "wic", "--smt", "--json"]),
+              ("wicp-text", ["plan", "--policy", "wicp"])]
+    results = pmap(lambda c: cli(*c[1]), calls)
+    return {name: r for (name, _), r in zip(calls, results)}
+
+
+def _cpu_nodes() -> list[int]:
+    return [int(nd.name[4:]) for nd in sorted(SYS.glob("node/node[0-9]*"), key=lambda p: int(p.name[4:]))
+            if _read(nd / "cpulist")]
+
+
+def _cpuless_nodes() -> list[int]:
+    return [int(nd.name[4:]) for nd in sorted(SYS.glob("node/node[0-9]*"), key=lambda p: int(p.name[4:]))
+            if not _read(nd / "cpulist")]
+
+
+def touch(name: str, args: list[str], mib: int = 16) -> dict:
+    res_path = WORK / f"touch-{name}.json"
+    r = cli("exec", *args, "--json", "--", PY, str(HERE / "touch_pages.py"), str(res_path), str(mib))
+    r["touch"] = json.loads(res_path.read_text()) if res_path.exists() else None
+    return r
+
+
+def exec_cases() -> list[tuple[str, list[str]]]:
+    """(name, exec args) for this machine: nodes other than 0 wherever the guest has them."""
+    cpu_nodes = _cpu_nodes()
+    cases: list[tuple[str, list[str]]] = [("wim-default", ["--policy", "wim"])]
+    last = len(cpu_nodes) - 1  # the win instance of the last node with CPUs (not node 0 when there are several)
+    for mem in ("membind", "preferred", "local"):
+        cases.append((f"win-last-{mem}", ["--policy", "win", "--instance", str(last), "--mem", mem]))
+    cases.append(("wim-interleave", ["--policy", "wim", "--mem", "interleave"]))
+    if len(cpu_nodes) >= 3:
+        named = f"{cpu_nodes[1]},{cpu_nodes[-1]}"
+        cases.append(("interleave-named", ["--policy", "wim", "--mem", "interleave", "--mem-nodes", named]))
+    for n in _cpuless_nodes():
+        cases.append((f"cpuless{n}-membind", ["--policy", "wim", "--mem", "membind", "--mem-nodes", str(n)]))
+        cases.append((f"cpuless{n}-preferred", ["--policy", "wim", "--mem", "preferred", "--mem-nodes", str(n)]))
+        cases.append((f"cpuless{n}-interleave", ["--policy", "wim", "--mem", "interleave", "--mem-nodes", f"{cpu_nodes[0]},{n}"]))
+        cases.append((f"cpuless{n}-weighted", ["--policy", "wim", "--mem", "weighted-interleave", "--mem-nodes", f"{cpu_nodes[0]},{n}"]))
+    return cases
+
+
+def check_exec() -> dict:
+    cases = exec_cases()
+    results = pmap(lambda c: touch(c[0], c[1]), cases)
+    return {name: r for (name, _), r in zip(cases, results)}
+
+
+def check_bench() -> dict:
+    out = WORK / "bench"
+    r = cli("bench", "tpch", "--sf", "0.01", "--policies", "wim,win,wicp", "--runs", "1", "--no-warmup", "--no-plots",
+            "--out", str(out), "--json", timeout=900)
+    files = sorted(p.name for p in out.glob("*")) if out.exists() else []
+    r["files"] = files
+    r["leftover_processes"] = _tilewise_children()
+    return r
+
+
+def _ancestors() -> set[int]:
+    out, pid = set(), os.getpid()
+    while pid > 1:
+        out.add(pid)
+        stat = _read(Path(f"/proc/{pid}/stat"))
+        if not stat:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return out
+
+
+def _tilewise_children() -> list[str]:
+    """Processes other than this script and its ancestors that run tilewise code (left behind?)."""
+    mine = _ancestors()
+    out = []
+    for p in Path("/proc").glob("[0-9]*"):
+        if int(p.name) in mine:
+            continue
+        cmd = _read(p / "cmdline").replace("\0", " ")
+        if ("tilewise" in cmd or "duckdb_worker" in cmd) and "guest_checks.py" not in cmd:
+            out.append(f"{p.name}: {cmd[:200]}")
+    return out
+
+
+BURNER = r"""
+import os, sys, time
+n = int(sys.argv[1]); flag = sys.argv[2]
+kids = []
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        buf = bytearray(8 << 20)  # resident pages, placed by the memory policy we were started with
+        for i in range(0, len(buf), 4096):
+            buf[i] = 1
+        while os.path.exists(flag):
+            pass
+        os._exit(0)
+    kids.append(pid)
+print("ready", flush=True)
+for k in kids:
+    os.waitpid(k, 0)
+"""
+
+
+def elastic_run(mode: str, *, mem_node: int | None, enforce: str = "affinity", busy: int = 3,
+                duration: float = 4.0) -> dict:
+    """A target of `busy` spinning processes (memory bound to mem_node), elastic on it, restored after."""
+    flag = WORK / f"burn-{mode}-{enforce}"
+    flag.touch()
+    argv = [PY, "-c", BURNER, str(busy), str(flag)]
+    if mem_node is not None:  # where the target's pages live (adaptive follows them)
+        argv = [TILEWISE, "exec", "--policy", "wim", "--mem", "membind", "--mem-nodes", str(mem_node), "--", *argv]
+    target = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    res: dict = {"mode": mode, "enforce": enforce, "mem_node": mem_node}
+    try:
+        ready = target.stdout.readline().strip()
+        res["target_ready"] = ready
+        pid = _burner_pid(target.pid)
+        res["before"] = sorted(os.sched_getaffinity(pid))
+        res["cgroup_before"] = _read(Path(f"/proc/{pid}/cgroup"))
+        log = WORK / f"elastic-{mode}-{enforce}.jsonl"
+        r = cli("elastic", "--pid", str(pid), "--mode", mode, "--interval", "0.3", "--duration", str(duration),
+                "--enforce", enforce, "--pages-interval", "0.3", "--log", str(log), "--json", timeout=240)
+        res["cli"] = r
+        res["log"] = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+        res["after"] = sorted(os.sched_getaffinity(pid))
+        res["after_children"] = {c: sorted(os.sched_getaffinity(c)) for c in _children(pid)}
+        res["cgroup_after"] = _read(Path(f"/proc/{pid}/cgroup"))
+    finally:
+        flag.unlink(missing_ok=True)
+        try:
+            target.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(target.pid, signal.SIGKILL)
+            target.wait()
+    return res
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").glob("[0-9]*"):
+        stat = _read(p / "stat")
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(p.name))
+    return out
+
+
+def _burner_pid(pid: int) -> int:
+    """The Python burner itself: the exec'd child when tilewise exec started it."""
+    kids = [c for c in _children(pid) if "python" in _read(Path(f"/proc/{c}/cmdline"))]
+    cmd = _read(Path(f"/proc/{pid}/cmdline"))
+    if "exec" in cmd.split("\0")[:3] or "tilewise" in cmd.split("\0")[0]:
+        return kids[0] if kids else pid
+    return pid
+
+
+def check_elastic() -> dict:
+    cpu_nodes = _cpu_nodes()
+    far = cpu_nodes[-1]
+    runs = {"dense": elastic_run("dense", mem_node=None), "sparse": elastic_run("sparse", mem_node=None),
+            "adaptive": elastic_run("adaptive", mem_node=far)}
+    return runs
+
+
+def check_cgroup() -> dict:
+    """Elastic on a cgroup2-only machine with --enforce auto (a cgroup of its own where it can,
+    else sched_setaffinity with the reason): cores granted and everything restored."""
+    return {"auto": elastic_run("sparse", mem_node=None, enforce="auto", busy=2, duration=4.0),
+            "mounts": check_sysfs()["cgroup_mounts"]}
+
+
+def check_probes() -> dict:
+    """Core-to-core latency over a few CPUs (TILEWISE_GUEST_PROBE_CPUS): the grouping is checked,
+    not the values (meaningless under TCG)."""
+    out = WORK / "probe"
+    cpus = os.environ.get("TILEWISE_GUEST_PROBE_CPUS")
+    return cli("probe", "latency", "--full", "--samples", "3", "--iters", "20", "--modes", "cas", "--out", str(out),
+               *(["--cpus", cpus] if cpus else []), "--json", timeout=600)
+
+
+def check_pytest() -> dict:
+    """The host suite's tests that read the machine they run on (argv after --pytest)."""
+    args = json.loads(os.environ.get("TILEWISE_GUEST_PYTEST", "[]"))
+    t0 = time.monotonic()
+    cp = subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], capture_output=True, text=True,
+                        timeout=1800, cwd=str(HERE.parents[1]))
+    return {"rc": cp.returncode, "tail": (cp.stdout + cp.stderr)[-6000:], "seconds": round(time.monotonic() - t0, 1)}
+
+
+CHECKS = {"sysfs": check_sysfs, "topo": check_topo, "plan": check_plan, "exec": check_exec, "bench": check_bench,
+          "elastic": check_elastic, "cgroup": check_cgroup, "probes": check_probes, "pytest": check_pytest}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or ["sysfs", "topo", "plan", "exec"]
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        print(f"unknown checks {unknown}; known: {', '.join(CHECKS)}", file=sys.stderr)
+        return 2
+    doc: dict = {"checks": {}, "seconds": {}}
+    for n in names:
+        t0 = time.monotonic()
+        try:
+            doc["checks"][n] = CHECKS[n]()
+        except Exception:
+            doc["checks"][n] = {"crashed": traceback.format_exc()}
+        doc["seconds"][n] = round(time.monotonic() - t0, 2)
+    print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

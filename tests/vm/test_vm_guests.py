@@ -1,0 +1,394 @@
+"""tilewise on real multi-node Linux kernels: QEMU guests booted with the topologies in topologies.py.
+
+One boot per topology runs many checks (guest_checks.py prints one JSON document); the tests here
+compare what the guest's kernel and the real `tilewise` CLI showed with the topology that was
+booted. The guests run two at a time, started at the first test that needs one. Skipped, with
+the reason, where QEMU, a kernel or busybox-static is missing (`make setup` installs them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from vm import harness
+from vm.topologies import TOPOLOGIES
+
+# A guest can take minutes under TCG on a busy 2-core machine; the first test of a guest waits for it.
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
+
+REPO = Path(__file__).resolve().parents[2]
+PY = REPO / ".venv" / "bin" / "python"
+
+# The checks each guest runs (guest_checks.py), one boot per topology.
+CHECKS = {
+    "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "elastic", "probes", "bench"],
+    "l3-spans-nodes": ["sysfs", "topo", "plan", "exec", "probes"],
+    "four-node-asym": ["sysfs", "topo", "plan", "exec"],
+    "smt": ["sysfs", "topo", "plan", "exec"],
+    "single-node": ["sysfs", "topo", "plan", "exec"],
+    "cgroup2": ["sysfs", "topo", "exec", "cgroup"],
+}
+PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
+
+
+class Guests:
+    """Boots every guest once (two at a time) and hands out their JSON documents."""
+
+    def __init__(self) -> None:
+        self.futures: dict[str, Future] = {}
+        self.pool: ThreadPoolExecutor | None = None
+        self.times: dict[str, harness.GuestResult] = {}
+
+    def start(self) -> None:
+        if self.pool is not None:
+            return
+        env = {}
+        if any("probes" in c for c in CHECKS.values()):
+            native = harness.portable_native_bin(REPO)
+            if native is not None:
+                env["TILEWISE_BIN_DIR"] = str(native)
+        if any("bench" in c for c in CHECKS.values()):
+            warm_tpch_cache()
+        jobs = int(os.environ.get("TILEWISE_VM_JOBS", "2"))
+        self.pool = ThreadPoolExecutor(max(1, jobs), thread_name_prefix="vm")
+        for name, checks in CHECKS.items():  # heaviest first
+            guest_env = dict(env, TILEWISE_STATE_DIR="/tmp/tilewise-state", TILEWISE_CLUSTER_DIR="/tmp/tilewise-clusters")
+            if name in PROBE_CPUS:
+                guest_env["TILEWISE_GUEST_PROBE_CPUS"] = PROBE_CPUS[name]
+            cmd = [str(PY), str(Path(__file__).with_name("guest_checks.py")), *checks]
+            self.futures[name] = self.pool.submit(harness.run, TOPOLOGIES[name], cmd, cwd=REPO, env=guest_env,
+                                                  timeout=1200)
+
+    def doc(self, name: str) -> dict:
+        self.start()
+        r = self.futures[name].result()
+        self.times[name] = r
+        assert r.returncode == 0, f"guest {name} exited {r.returncode}:\n{r.stderr[-3000:]}"
+        doc = r.json()
+        crashed = {k: v["crashed"] for k, v in doc["checks"].items() if isinstance(v, dict) and "crashed" in v}
+        doc["crashed"] = crashed
+        return doc
+
+    def check(self, name: str, check: str) -> dict:
+        doc = self.doc(name)
+        assert check not in doc["crashed"], f"{name}/{check} crashed in the guest:\n{doc['crashed'][check]}"
+        return doc["checks"][check]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def warm_tpch_cache() -> None:
+    """Generate TPC-H SF 0.01 and its reference answers on the host (seconds here), so the guest
+    reads them through its read-only view instead of computing them under TCG (minutes)."""
+    from tilewise.bench.validate import Reference
+    from tilewise.data import tpch
+
+    Reference(tpch.dataset(0.01)).prepare(range(1, 23))
+
+
+@pytest.fixture(scope="session")
+def guests(request):
+    g = Guests()
+    request.config._tilewise_vm_guests = g  # for the timing summary (conftest.py)
+    yield g
+    g.close()
+
+
+def guests_with(check: str) -> list[str]:
+    return [n for n, c in CHECKS.items() if check in c]
+
+
+def ok(r: dict) -> dict:
+    assert r["rc"] == 0, f"tilewise {' '.join(r['args'])} exited {r['rc']}:\n{r['stderr'][-3000:]}"
+    return r["json"]
+
+
+# ---- what was booted ------------------------------------------------------------------------
+
+def booted_nodes(t: harness.GuestTopology) -> list[tuple[int, tuple[int, ...], int]]:
+    if not t.nodes:
+        return [(0, tuple(range(t.ncpus)), t.mem_mib)]
+    return [(i, tuple(n.cpus), n.mem_mib) for i, n in enumerate(t.nodes)]
+
+
+def booted_l3(t: harness.GuestTopology) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(cpus, nodes) of each L3 (one per die), sorted by first CPU."""
+    node_of = {c: i for i, cpus, _ in booted_nodes(t) for c in cpus}
+    return sorted((g, tuple(sorted({node_of[c] for c in g}))) for g in t.l3_groups())
+
+
+def booted_auto(t: harness.GuestTopology) -> str:
+    """The auto rule for a machine without measurements: the finer of L3 domain and node."""
+    cpu_nodes = [n for n in booted_nodes(t) if n[1]]
+    l3 = booted_l3(t)
+    if len(l3) > len(cpu_nodes):
+        return "wicp"
+    return "win" if len(cpu_nodes) > 1 else "wim"
+
+
+# ---- topo ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", guests_with("topo"))
+def test_topo_shows_what_was_booted(guests, name):
+    t = TOPOLOGIES[name]
+    doc = ok(guests.check(name, "topo")["json"])
+    nodes = booted_nodes(t)
+    assert [(n["id"], tuple(n["cpus"])) for n in doc["numa_nodes"]] == [(i, c) for i, c, _ in nodes]
+    assert [n["cpuless"] for n in doc["numa_nodes"]] == [not c for _, c, _ in nodes]
+    for n, (_, _, mib) in zip(doc["numa_nodes"], nodes):  # the kernel keeps a little of each node
+        assert 0.75 * mib * 2**20 <= n["memory_bytes"] <= mib * 2**20, (n, mib)
+    assert doc["distances"] == t.distance_matrix()
+    assert sorted((tuple(d["cpus"]), tuple(d["numa_nodes"])) for d in doc["l3_domains"]) == booted_l3(t)
+    assert doc["packages"] == t.sockets
+    assert doc["cores"] == t.ncpus // t.threads and doc["pus"] == t.ncpus and doc["smt"] == t.threads
+    assert sorted(tuple(c["pus"]) for c in doc["core_list"]) == t.core_groups()
+    for c in doc["core_list"]:  # each core's package, node and L3 as booted
+        assert c["package"] == t.cpu_location(c["pus"][0])[0]
+        l3 = doc["l3_domains"][c["l3"]]
+        assert set(c["pus"]) <= set(l3["cpus"]) and c["numa_node"] in l3["numa_nodes"]
+    text = guests.check(name, "topo")["text"]["stdout"]
+    assert f"{len(nodes)} NUMA node" in text
+
+
+@pytest.mark.parametrize("name", guests_with("topo"))
+def test_real_hwloc_on_the_guest_kernel_agrees(guests, name):
+    """lstopo on the guest's kernel, loaded by tilewise, is the same model as sysfs; and real hwloc
+    reads tilewise's export back to the same model (nodes under the cache where an L3 spans them)."""
+    r = guests.check(name, "topo")
+    assert r["lstopo_rc"] == 0, r["lstopo_err"]
+    mine = ok(r["json"])
+    keys = ("numa_nodes", "l3_domains", "core_list", "distances", "fingerprint")
+    theirs = ok(r["from_lstopo"])
+    for k in keys:
+        if k == "numa_nodes":  # hwloc rounds nothing, but reports memory from its own sources: compare ids/cpus/kind
+            assert [(n["id"], n["cpus"], n["cpuless"]) for n in theirs[k]] == [(n["id"], n["cpus"], n["cpuless"]) for n in mine[k]]
+        else:
+            assert theirs[k] == mine[k], k
+    assert r["lstopo_reads_export_rc"] == 0, r["lstopo_reads_export_err"]
+    again = ok(r["export_via_lstopo"])
+    for k in keys:
+        assert again[k] == mine[k], k
+    if any(len(d["numa_nodes"]) > 1 for d in mine["l3_domains"]):
+        # hwloc itself nests the nodes under the L3 on this kernel: "L3 ... / NUMANode" below it
+        tree = r["lstopo_tree"]
+        assert re.search(r"L3 P#\d+ \(\d+[KMG]B\)\n(\s+.*\n)*?\s+(Group0\n\s+)?NUMANode", tree), tree
+
+
+# ---- plan ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", guests_with("plan"))
+def test_every_policy_plans_what_was_booted(guests, name):
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "plan")
+    nodes = booted_nodes(t)
+    cpu_nodes = [(i, c) for i, c, _ in nodes if c]
+    primaries = [g[0] for g in t.core_groups()]
+    node_of = {c: i for i, cs in cpu_nodes for c in cs}
+
+    def inst(policy):
+        return ok(r[policy])["instances"]
+
+    assert [i["cpus"] for i in inst("wim")] == [primaries]
+    win = inst("win")
+    assert [(i["cpus"], i["mem_nodes"], i["mem_policy"]) for i in win] == [
+        ([c for c in cs if c in primaries], [n], "membind") for n, cs in cpu_nodes]
+    wicp = inst("wicp")
+    assert sorted((tuple(i["cpus"]), tuple(i["mem_nodes"])) for i in wicp) == sorted(
+        (tuple(c for c in cpus if c in primaries), nodes_) for cpus, nodes_ in booted_l3(t))
+    assert all(i["mem_policy"] == "membind" for i in wicp)
+    mixed = inst("wicp-mixed")
+    assert len(mixed) == len(booted_l3(t)) and sorted(i["cores"] for i in mixed) == sorted(i["cores"] for i in wicp)
+    assert all(i["mem_policy"] == "interleave" for i in mixed)
+    assert [i["cpus"] for i in inst("wic")] == [[p] for p in primaries]
+    assert sorted(i["cpus"] for i in inst("wic-smt")) == sorted(list(g) for g in t.core_groups())
+    n2 = inst("n2")
+    assert len(n2) == 2 and sorted(c for i in n2 for c in i["cpus"]) == primaries
+    if len(cpu_nodes) > 1:
+        spread = inst("spread")
+        assert len(spread) == len(cpu_nodes)
+        for i in spread:
+            assert len({node_of[c] for c in i["cpus"]}) == min(len(i["cpus"]), len(cpu_nodes))
+    else:
+        assert r["spread"]["rc"] == 2 and "spread needs at least 2 NUMA nodes" in r["spread"]["stderr"]
+        assert r["spread"]["stderr"].startswith("Error: ") and r["spread"]["stderr"].count("\n") == 1
+    auto = ok(r["auto"])
+    assert auto["policy"] == booted_auto(t) and auto["reasons"]
+    if any(len(nodes_) > 1 for _, nodes_ in booted_l3(t)):
+        assert any("sub-NUMA clustering" in x for x in auto["reasons"]), auto["reasons"]
+        assert "span several NUMA nodes" in r["wicp-text"]["stdout"]
+
+
+# ---- exec: where pages land ---------------------------------------------------------------------
+
+def pages(r: dict) -> dict[int, int]:
+    assert r["rc"] == 0, f"exec {' '.join(r['args'])} exited {r['rc']}:\n{r['stderr'][-2000:]}"
+    assert r["touch"] is not None, r["stderr"][-2000:]
+    return {int(k): v for k, v in r["touch"]["pages"].items() if v}
+
+
+def assert_even(p: dict[int, int], nodes, total: int) -> None:
+    assert set(p) == set(nodes), p
+    for n in nodes:
+        assert abs(p[n] - total / len(nodes)) <= 0.1 * total / len(nodes) + 2, p
+
+
+@pytest.mark.parametrize("name", guests_with("exec"))
+def test_exec_puts_pages_where_the_policy_says(guests, name):
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "exec")
+    cpu_nodes = [(i, c) for i, c, _ in booted_nodes(t) if c]
+    last, last_cpus = cpu_nodes[-1]
+    primaries = [g[0] for g in t.core_groups()]
+    total = r["wim-default"]["touch"]["total_pages"]
+    assert sum(pages(r["wim-default"]).values()) == total
+    for mem, shown in (("membind", f"bind:{last}"), ("preferred", f"prefer:{last}"), ("local", "local")):
+        case = r[f"win-last-{mem}"]
+        assert pages(case) == {last: total}, (mem, case["touch"])
+        assert case["touch"]["policy"] == shown
+        assert case["touch"]["cpus"] == _fmt([c for c in last_cpus if c in primaries])
+        assert case["json"]["verification"]["ok"], case["json"]
+    all_nodes = [n for n, _ in cpu_nodes]
+    p = pages(r["wim-interleave"])
+    if len(all_nodes) > 1:
+        assert_even(p, all_nodes, total)
+    if "interleave-named" in r:
+        named = [cpu_nodes[1][0], last]
+        assert_even(pages(r["interleave-named"]), named, total)
+        assert r["interleave-named"]["touch"]["policy"] == f"interleave:{_fmt(named)}"
+
+
+def _fmt(cpus) -> str:
+    from tilewise import cpulist
+
+    return cpulist.format(cpus)
+
+
+def test_cpuless_memory_tier(guests):
+    """A CPU-less node as far memory: membind and preferred put every page there, interleave
+    splits evenly with node 0; weighted interleave needs Linux 6.9+ and says so in one line."""
+    name = "two-socket-cxl"
+    r = guests.check(name, "exec")
+    kernel = guests.check(name, "sysfs")
+    cxl = next(i for i, n in enumerate(TOPOLOGIES[name].nodes) if not n.cpus)
+    total = r["wim-default"]["touch"]["total_pages"]
+    assert pages(r[f"cpuless{cxl}-membind"]) == {cxl: total}
+    assert pages(r[f"cpuless{cxl}-preferred"]) == {cxl: total}
+    assert_even(pages(r[f"cpuless{cxl}-interleave"]), [0, cxl], total)
+    w = r[f"cpuless{cxl}-weighted"]
+    if kernel["weighted_interleave_sysfs"]:
+        assert_even(pages(w), [0, cxl], total)  # default weights are equal
+        assert w["touch"]["policy"] == "weighted"
+    else:
+        assert w["rc"] == 1 and w["touch"] is None
+        assert w["stderr"].startswith("Error: memory policy weighted-interleave is not supported by this kernel")
+        assert w["stderr"].count("\n") == 1 and "Traceback" not in w["stderr"]
+
+
+# ---- bench ---------------------------------------------------------------------------------------
+
+def test_bench_tpch_policies_give_valid_answers(guests):
+    name = "two-socket-cxl"
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "bench")
+    doc = ok(r)
+    want = {"wim": 1, "win": len([n for n in t.nodes if n.cpus]), "wicp": len(t.l3_groups())}
+    assert set(doc["summary"]) == set(want)
+    for pol, n in want.items():
+        s = doc["summary"][pol]
+        assert s["valid"] is True and s["complete"] is True, (pol, s)
+        assert len(doc["policies"][pol]["queries"]) == 22
+        assert f"{pol}: starting {n} duckdb instance(s)" in r["stderr"]
+    assert "results.json" in r["files"] and "results.csv" in r["files"]
+    assert not r["leftover_processes"], r["leftover_processes"]
+
+
+# ---- elastic -------------------------------------------------------------------------------------
+
+def granted(run: dict) -> list[int]:
+    """Cores in the order the daemon handed them out (start core first)."""
+    order: list[int] = []
+    for rec in run["log"]:
+        for c in rec.get("cores") or []:
+            if c not in order:
+                order.append(c)
+    return order
+
+
+def test_elastic_modes_grant_cores_on_the_expected_nodes(guests):
+    name = "two-socket-cxl"
+    t = TOPOLOGIES[name]
+    runs = guests.check(name, "elastic")
+    node_of = {c: i for i, n in enumerate(t.nodes) for c in n.cpus}
+    for mode, run in runs.items():
+        ok(run["cli"])
+        assert run["cli"]["json"]["restored"] and run["cli"]["json"]["enforce"] == ["affinity"]
+        got = granted(run)
+        assert len(got) >= 3, (mode, run["log"])
+        nodes = [node_of[c] for c in got]  # core ids are CPU numbers here (no SMT)
+        if mode == "dense":  # fill node 0 first
+            assert nodes[:4] == [0] * min(4, len(nodes)), got
+        elif mode == "sparse":  # round-robin over the nodes
+            assert nodes[:4] == [0, 1, 0, 1][:len(nodes[:4])], got
+        else:  # adaptive: the node holding the target's pages (the last node)
+            assert run["mem_node"] == 1
+            assert nodes[:4] == [1] * min(4, len(nodes)), got
+            assert any(rec.get("pages", {}).get("1", 0) > 0 for rec in run["log"])
+        # everything restored: the target and its children get all CPUs back, same cgroups
+        assert run["after"] == run["before"] == list(range(t.ncpus))
+        assert run["cgroup_after"] == run["cgroup_before"]
+        assert all(v == run["before"] for v in run["after_children"].values())
+
+
+# ---- probes --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", guests_with("probes"))
+def test_probe_pairs_grouped_by_node_and_l3(guests, name):
+    t = TOPOLOGIES[name]
+    doc = ok(guests.check(name, "probes"))
+    cpus = [int(c) for c in PROBE_CPUS[name].split(",")]
+    assert doc["cpus"] == cpus
+    node_of = {c: i for i, c2, _ in booted_nodes(t) for c in c2}
+    l3_of = {c: k for k, (g, _) in enumerate(booted_l3(t)) for c in g}
+    want: dict[str, int] = {}
+    for a in cpus:
+        for b in cpus:
+            if a == b:
+                continue
+            sa, sb = t.cpu_location(a)[0], t.cpu_location(b)[0]
+            if node_of[a] == node_of[b]:
+                cls = "l3" if l3_of[a] == l3_of[b] else "node"
+            else:
+                cls = "package" if sa == sb else "remote"
+            want[cls] = want.get(cls, 0) + 1
+    got = {cls: s["pairs"] for cls, s in doc["summary"]["cas"].items()}
+    assert got == want
+
+
+# ---- cgroup v2 -------------------------------------------------------------------------------------
+
+def test_cgroup2_only_guest(guests):
+    """The guest mounts only cgroup2 (cgroup_no_v1=all), as current distributions do: elastic
+    --enforce auto takes a cgroup2 cpuset where it can, else says why it uses sched_setaffinity;
+    it grants cores round-robin over the nodes and restores everything."""
+    r = guests.check("cgroup2", "cgroup")
+    assert r["mounts"] == ["cgroup2 /sys/fs/cgroup"], r["mounts"]
+    run = r["auto"]
+    s = ok(run["cli"])
+    assert s["restored"] and not s["problems"], s
+    (kind,) = s["enforce"]
+    assert kind in ("cgroup-v2", "affinity"), s
+    if kind == "affinity":  # an honest fallback names the reason
+        assert any("cgroup v2" in n for n in s["notes"]), s["notes"]
+    t = TOPOLOGIES["cgroup2"]
+    node_of = {c: i for i, n in enumerate(t.nodes) for c in n.cpus}
+    assert [node_of[c] for c in granted(run)][:2] == [0, 1]
+    assert run["after"] == run["before"] == list(range(t.ncpus))
+    assert run["cgroup_after"] == run["cgroup_before"] == "0::/"  # back in its own group
