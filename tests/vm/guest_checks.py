@@ -271,11 +271,22 @@ def check_elastic() -> dict:
     return runs
 
 
+def _cgroup_state() -> dict:
+    root = Path("/sys/fs/cgroup")
+    return {"subtree_control": _read(root / "cgroup.subtree_control"),
+            "groups": sorted(str(d.relative_to(root)) for d in root.rglob("*") if d.is_dir())}
+
+
 def check_cgroup() -> dict:
-    """Elastic on a cgroup2-only machine with --enforce auto (a cgroup of its own where it can,
-    else sched_setaffinity with the reason): cores granted and everything restored."""
-    return {"auto": elastic_run("sparse", mem_node=None, enforce="auto", busy=2, duration=4.0),
-            "mounts": check_sysfs()["cgroup_mounts"]}
+    """Elastic on a cgroup2-only machine: --enforce auto, then --enforce cgroup (a cpuset group of
+    its own), each granting cores and restoring everything (groups, controllers, affinity)."""
+    out = {"mounts": check_sysfs()["cgroup_mounts"]}
+    for enforce in ("auto", "cgroup"):
+        before = _cgroup_state()
+        run = elastic_run("sparse", mem_node=None, enforce=enforce, busy=2, duration=4.0)
+        run["cgroups_before"], run["cgroups_after"] = before, _cgroup_state()
+        out[enforce] = run
+    return out
 
 
 def check_probes() -> dict:
