@@ -160,7 +160,7 @@ def check_exec() -> dict:
 def check_bench() -> dict:
     out = WORK / "bench"
     r = cli("bench", "tpch", "--sf", "0.01", "--policies", "wim,win,wicp", "--runs", "1", "--no-warmup", "--no-plots",
-            "--out", str(out), "--json", timeout=900)
+            "--tests", "power", "--out", str(out), "--json", timeout=1500)
     files = sorted(p.name for p in out.glob("*")) if out.exists() else []
     r["files"] = files
     r["leftover_processes"] = _tilewise_children()
