@@ -11,6 +11,7 @@ BENCH_COMMANDS = {
     "tpch": "tilewise.cli.bench_tpch:tpch",
     "elastic": "tilewise.cli.bench_elastic:bench_elastic",
     "elastic-tick": "tilewise.cli.bench_tick:bench_tick",
+    "overhead": "tilewise.cli.bench_overhead:overhead",
 }
 
 

@@ -173,10 +173,20 @@ def _tune_metrics(doc: dict) -> list[dict]:
             for c in doc.get("cases", [])]
 
 
+def _overhead_metrics(doc: dict) -> list[dict]:
+    out = []
+    for side in ("plain", "tilewise"):
+        vals = [r[side]["total_s"] for r in doc.get("rounds", []) if r.get(side)]
+        out.append(metric(f"{side}/total", vals, unit="s", side=side))
+    ratios = ((doc.get("summary") or {}).get("ratio") or {}).get("ratios") or []
+    out.append(metric("tilewise/plain", ratios, unit="ratio"))
+    return out
+
+
 EXTRACTORS: dict[str, Callable[[dict], list[dict]]] = {
     "tpch": _tpch_metrics, "elastic": _elastic_metrics, "probe.latency": _pair_metrics,
     "probe.bandwidth": _pair_metrics, "probe.stream": _stream_metrics, "workload": _workload_metrics,
-    "tune": _tune_metrics,
+    "tune": _tune_metrics, "overhead": _overhead_metrics,
 }
 
 

@@ -560,6 +560,45 @@ def tune_plots(doc: dict, out_dir: Path) -> list[Path]:
     return [p] if p else []
 
 
+# ---- overhead (bench overhead) ----------------------------------------------------------------
+
+def render_overhead(doc: dict, c) -> None:
+    """`bench overhead`: per round, per query, the ratio with its interval and the verdicts."""
+    s = doc.get("summary") or {}
+    if not s.get("rounds"):
+        c.print("no complete round", markup=False)
+        return
+    rt = s["ratio"]
+    tab = _table("per round (total = median of the runs' wall time)")
+    for col in ("round", "order", "plain s", "tilewise s", "ratio"):
+        tab.add_column(col, justify="left" if col == "order" else "right")
+    full = [r for r in doc["rounds"] if r.get("plain") and r.get("tilewise")]
+    for r, ratio in zip(full, rt["ratios"]):
+        tab.add_row(str(r["round"]), " ".join(r["order"]), f"{r['plain']['total_s']:.3f}",
+                    f"{r['tilewise']['total_s']:.3f}", f"{ratio:.4f}")
+    c.print(tab)
+    q = _table("per query (median over rounds of each pass's median; difference: mean over rounds, 95 % CI)")
+    for col in ("query", "plain ms", "tilewise ms", "diff ms", "95 % CI ms"):
+        q.add_column(col, justify="right")
+    for name, v in s["queries"].items():
+        d = v["diff_ms"]
+        ci = f"[{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]" if d["ci95"] else "-"
+        q.add_row(name, f"{v['plain_ms']:.1f}", f"{v['tilewise_ms']:.1f}", f"{d['mean']:+.2f}", ci)
+    c.print(q)
+    o = s["outside_queries_ms"]
+    oci = o["diff"]["ci95"]
+    c.print(f"time outside the queries per run: plain {o['plain']:.1f} ms, tilewise {o['tilewise']:.1f} ms "
+            f"(difference {o['diff']['mean']:+.1f} ms" + (f", 95 % CI [{oci[0]:+.1f}, {oci[1]:+.1f}])" if oci else ")"),
+            markup=False)
+    ci = rt["ci95"]
+    c.print(f"tilewise / plain = {rt['ratio']:.4f}" + (f", 95 % CI [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "")
+            + f" over {rt['n']} rounds ({rt['method']})", markup=False)
+    c.print(f"goal <= {s['goal']['max_ratio']:.2f}: {s['goal']['verdict']}; "
+            f"stretch <= {s['stretch']['max_ratio']:.2f}: {s['stretch']['verdict']}", markup=False)
+    for w in doc.get("warnings", []):
+        c.print(f"warning: {w}", markup=False)
+
+
 # ---- any kind: the metrics ----------------------------------------------------------------------
 
 def render_metrics(doc: dict, out) -> None:
@@ -600,7 +639,7 @@ def _num(x) -> str:
 
 RENDER = {"tpch": render_tpch, "elastic": render_elastic, "probe.latency": render_pairs,
           "probe.bandwidth": render_pairs, "probe.stream": render_stream, "workload": render_workload,
-          "tune": render_tune}
+          "tune": render_tune, "overhead": render_overhead}
 CSV = {"tpch": tpch_csv, "elastic": elastic_csv, "probe.latency": pairs_csv, "probe.bandwidth": pairs_csv,
        "probe.stream": stream_csv, "tune": tune_csv}
 PLOTS = {"tpch": tpch_plots, "elastic": elastic_plots, "probe.latency": pairs_plots, "probe.bandwidth": pairs_plots,
