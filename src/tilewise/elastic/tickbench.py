@@ -16,7 +16,6 @@ time over the wall time (share of one core).
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -158,8 +157,10 @@ def run_real(*, threads: int = 16, busy: float = 0.5, mode: str = "adaptive", du
     from tilewise.elastic import enforce as enf
 
     t = topology.load(None)
-    child = subprocess.Popen([sys.executable, "-c", _BURNER, str(threads), str(busy)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, start_new_session=True, text=True)
+    from tilewise import launch
+
+    child = launch.spawn([sys.executable, "-c", _BURNER, str(threads), str(busy)], launch.Binding(None),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         if child.stdout.readline().strip() != "ready":
             raise RuntimeError("the load generator did not start")
@@ -190,11 +191,7 @@ def run_real(*, threads: int = 16, busy: float = 0.5, mode: str = "adaptive", du
             "budget_ms": budget_ms(len(t.pus)), "budget_core_pct": BUDGET_CORE_PCT, "verdict": v,
         }
     finally:
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        child.wait()
+        launch.stop(child, grace=0)
         for f in (child.stdin, child.stdout):
             try:
                 f.close()
