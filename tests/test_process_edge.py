@@ -31,10 +31,6 @@ def _descendants(pid: int) -> list[ProcId]:
     return [table[p].id for p in procs.descendants([pid], table)]
 
 
-def _sleepers_of(token_pid_list):
-    return [i for i in token_pid_list if i.alive()]
-
-
 def test_every_child_gets_its_own_session_and_a_token():
     c = launch.spawn(["sleep", "30"], NONE)
     try:

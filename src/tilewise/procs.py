@@ -184,7 +184,6 @@ def carrying(var: str, tokens, table: dict[int, Stat], proc: str = "/proc") -> d
     """token -> pids of live processes in `table` whose environment carries it (one read per process)."""
     tokens = set(tokens)
     out: dict[str, set[int]] = {t: set() for t in tokens}
-    key = var.encode() + b"="
     me = os.getpid()
     for pid, st in table.items():
         if pid == me or st.state in "ZX":
