@@ -109,7 +109,12 @@ def test_supervisor_stop_all_reports_what_it_stopped():
         sup.start("a", ["sh", "-c", "sleep 30 & wait"], NONE, verify_binding=False)
         sup.start("b", ["sleep", "30"], NONE, verify_binding=False)
         _wait(lambda: len(_descendants(sup.children[0].pid)) == 1, what="child of a")
+        from tilewise import changes
+
+        [j] = (changes.state_dir() / "journals").glob("*.json")  # both starts journaled first
+        assert [c["target"]["kind"] for c in json.loads(j.read_text())["changes"]] == ["process", "process"]
     assert sup.report.ok and sorted(p["name"] for p in sup.report.stopped) == ["sh", "sleep", "sleep"]
+    assert not j.exists()  # all stopped and checked: nothing left to restore
 
 
 def test_a_bad_binding_is_one_line_before_anything_starts():
@@ -285,3 +290,33 @@ def test_bench_records_a_failed_status_call_as_not_checkable():
 
     [d] = tpch._instances(Mixed(), p)
     assert d["verification"] == "not checkable" and d["binding_verified"] is None
+
+
+def test_kill_9_of_exec_then_restore_stops_what_the_command_left(cli):
+    # tilewise dies at once; its direct child dies with it (parent-death signal) but not the
+    # child's background job: the journaled start lets `tilewise restore` find it by its token
+    p = subprocess.Popen([TILEWISE, "exec", "--policy", "wim", "--", "sh", "-c", "sleep 300 & wait"],
+                         stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: any((s := procs.stat(x)) and s.comm == "sleep" for x in procs.descendants([p.pid], procs.scan())),
+              what="the command's sleep")
+        table = procs.scan()
+        tree = [table[x].id for x in procs.descendants([p.pid], table)]
+    finally:
+        p.kill()
+        p.wait()
+    _wait(lambda: sum(i.alive() for i in tree) == 1, what="sh to die with tilewise")
+    [orphan] = [i for i in tree if i.alive()]
+    cp = cli("restore", "--json")
+    assert cp.returncode == 0, cp.stderr
+    [j] = json.loads(cp.stdout)["journals"]
+    assert j["state"] == "restored" and j["owner"]["pid"] == p.pid and j["purpose"] == "exec sh"
+    assert [o["result"] for o in j["undo"]["outcomes"]] == ["restored"]
+    assert not orphan.alive()
+
+
+def test_a_clean_exec_leaves_no_journal(cli):
+    from tilewise import changes
+
+    assert cli("exec", "--policy", "wim", "--", "sh", "-c", "sleep 300 & exit 0").returncode == 0
+    assert not list((changes.state_dir() / "journals").glob("*.json"))

@@ -304,9 +304,13 @@ def test_sigkill_then_restore_command(root, tmp_path, cli):
     assert thp(root) == "never" and journals()
     cp = cli("restore", "--json")
     assert cp.returncode == 0, cp.stderr
-    [j] = json.loads(cp.stdout)["journals"]
-    assert j["state"] == "restored" and j["owner"]["pid"] == proc.pid
+    found = json.loads(cp.stdout)["journals"]
+    assert all(j["state"] == "restored" and j["owner"]["pid"] == proc.pid for j in found)
+    [j] = [j for j in found if j["purpose"] == "tune --apply-os"]
     assert [o["change"]["target"]["path"] for o in j["undo"]["outcomes"]] == [str(root / THP)]
+    # the run it was timing was journaled too (already gone: its parent-death signal took it)
+    assert [o["result"] for j in found if j["purpose"].startswith("tune run") for o in j["undo"]["outcomes"]] \
+        in ([], ["unchanged"])
     assert thp(root) == "madvise" and not journals()
     again = cli("tune", "--restore")  # the old spelling: same command
     assert again.returncode == 0 and "nothing to restore" in again.stdout

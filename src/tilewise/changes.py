@@ -271,26 +271,28 @@ def _mask_for(value, tid: int) -> list[int]:
 @kind
 @dataclass(frozen=True)
 class StartedProcess(Target):
-    """A process tree tilewise started (its leader by pid + start time, its token): undoing its
-    start stops the tree. Value: "running" or "stopped"."""
+    """A process tree tilewise started: its leader (pid + start time, when known) and its token,
+    which the leader and every descendant carry in their environment (so it can be journaled
+    before the process exists). Undoing its start stops the tree. Value: "running" / "stopped"."""
 
     kind: ClassVar[str] = "process"
-    pid: int
-    start: int
+    pid: int | None = None
+    start: int | None = None
     token: str | None = None
     var: str = "TILEWISE_SPAWN"
     name: str = ""
 
     def lock_key(self) -> str:
-        return f"process:{self.pid}:{self.start}"
+        return f"process:{self.pid}:{self.start}" if self.pid else f"spawn:{self.token}"
 
     def describe(self, key: str) -> str:
-        return f"{self.name or 'process'} (pid {self.pid})"
+        return f"{self.name or 'process'} ({f'pid {self.pid}' if self.pid else f'token {self.token}'})"
 
     def _tree(self):
         from tilewise import launch
 
-        return launch.Tree(ProcId(self.pid, self.start), self.token, self.var)
+        leader = ProcId(self.pid, self.start) if self.pid and self.start is not None else None
+        return launch.Tree(leader, self.token, self.var)
 
     def get(self, key: str) -> str:
         from tilewise import launch

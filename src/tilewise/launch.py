@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from tilewise import allocators, cpulist, procs, signals
+from tilewise import allocators, changes, cpulist, procs, signals
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance, Plan
 from tilewise.procs import ProcId
@@ -404,16 +404,30 @@ class Child(subprocess.Popen):
         return Tree(self.ident, self.token, popen=self)
 
 
+def journal_start(session: changes.Session, argv: Sequence[str]) -> str:
+    """Journal a process about to be started (by the token it will carry), before it exists, so
+    that if tilewise is killed hard, `tilewise restore` stops what it left running. Returns the
+    token to pass to spawn."""
+    token = uuid.uuid4().hex[:16]
+    session.record(changes.StartedProcess(token=token, var=SPAWN_VAR, name=os.path.basename(argv[0]) if argv else ""),
+                   "state", "stopped", "running", lock=False)
+    return token
+
+
 def spawn(argv: Sequence[str], b: Binding, *, env: dict | None = None, die_with_parent: bool = True,
-          new_session: bool = True, **popen_kwargs) -> Child:
-    """Start argv bound, in a session (and process group) of its own, carrying a fresh token.
+          new_session: bool = True, journal: changes.Session | None = None, token: str | None = None,
+          **popen_kwargs) -> Child:
+    """Start argv bound, in a session (and process group) of its own, carrying a token (fresh, or
+    the one journal_start returned). journal: record the start there first (see journal_start).
     (new_session is accepted for old callers; it must stay True.)"""
     if not new_session:
         raise ValueError("every child gets a session of its own: new_session=False is not supported")
     if not argv:
         raise UsageError("no command given", "put it after --, e.g. tilewise exec ... -- python3 -c 'print(1)'")
     check_binding(b)
-    token = uuid.uuid4().hex[:16]
+    if journal is not None and token is None:
+        token = journal_start(journal, argv)
+    token = token or uuid.uuid4().hex[:16]
     r, w = os.pipe()
     try:
         child = Child(list(argv), env=child_env(b, env, token), preexec_fn=_preexec(b, die_with_parent, w),
@@ -544,6 +558,13 @@ def _reap(trees: Sequence[Tree]) -> None:
             t.popen.poll()
 
 
+def _forget_if_stopped(session: changes.Session | None, rep: StopReport) -> None:
+    """Everything journaled was stopped and checked: drop the journal. Otherwise it stays for
+    `tilewise restore`."""
+    if session is not None and rep.ok:
+        session.commit()
+
+
 def stop(trees, grace: float = GRACE_S, *, kill_wait: float = KILL_WAIT_S, proc: str = "/proc") -> StopReport:
     """Stop one or more process trees (Tree, Child/Started, or a list of them); never raises.
 
@@ -638,15 +659,20 @@ class Started:
 
 class Supervisor:
     """Owns bound children; stops them all (whole trees) on exit, error or Ctrl-C, and says what it
-    stopped only after checking (``report``)."""
+    stopped only after checking (``report``). Each start is journaled first (journal=True), so
+    what a tilewise killed hard leaves running, `tilewise restore` stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal: bool = True) -> None:
         self.children: list[Started] = []
         self.report = StopReport()
+        self._journal = journal
+        self.session: changes.Session | None = None
 
     def start(self, name: str, argv: Sequence[str], b: Binding, *, verify_binding: bool = True,
               die_with_parent: bool = True, **popen_kwargs) -> Started:
-        proc = spawn(argv, b, die_with_parent=die_with_parent, **popen_kwargs)
+        if self._journal and self.session is None:
+            self.session = changes.Session("processes started by this run")
+        proc = spawn(argv, b, die_with_parent=die_with_parent, journal=self.session, **popen_kwargs)
         s = Started(name, proc, b, None)
         self.children.append(s)
         if verify_binding:
@@ -662,6 +688,9 @@ class Supervisor:
     def stop_all(self, timeout: float = GRACE_S) -> StopReport:
         rep = stop([s.tree() for s in reversed(self.children)], grace=timeout)
         self.report.extend(rep)
+        _forget_if_stopped(self.session, rep)
+        if rep.ok:
+            self.session = None
         return rep
 
     def __enter__(self) -> Supervisor:
@@ -712,8 +741,9 @@ def run_forwarding(argv: Sequence[str], b: Binding, *, grace: float = GRACE_S,
             except (ProcessLookupError, PermissionError):
                 pass
 
+    journal = changes.Session(f"exec {os.path.basename(argv[0])}")
     with signals.forwarding(forward):
-        child = spawn(argv, b, **popen_kwargs)
+        child = spawn(argv, b, journal=journal, **popen_kwargs)
         holder.append(child)
         try:
             for s in forwarded:  # arrived while it was being started
@@ -735,18 +765,21 @@ def run_forwarding(argv: Sequence[str], b: Binding, *, grace: float = GRACE_S,
                 if kill_at is not None and time.monotonic() >= kill_at:
                     stop(child, grace=0)
         except BaseException:
-            stop(child, grace)
+            _forget_if_stopped(journal, stop(child, grace))
             raise
-    return Run(v, rc, forwarded, stop(child, grace))
+    leftovers = stop(child, grace)
+    _forget_if_stopped(journal, leftovers)
+    return Run(v, rc, forwarded, leftovers)
 
 
 def run(argv: Sequence[str], b: Binding | None = None, *, timeout: float | None = None,
         **popen_kwargs) -> subprocess.CompletedProcess:
     """subprocess.run through the edge: bound, own group, whole tree stopped on timeout or error.
     Raises subprocess.TimeoutExpired (after stopping it) like subprocess.run."""
-    child = spawn(argv, b or Binding(None), **popen_kwargs)
+    journal = changes.Session(f"run {os.path.basename(argv[0])}")
+    child = spawn(argv, b or Binding(None), journal=journal, **popen_kwargs)
     try:
         out, err = child.communicate(timeout=timeout)
     finally:
-        stop(child)
+        _forget_if_stopped(journal, stop(child))
     return subprocess.CompletedProcess(list(argv), child.returncode, out, err)

@@ -34,7 +34,8 @@ def restore_report(as_json: bool) -> None:
 @json_option
 def restore_cmd(as_json):
     """Undo what runs killed hard (kill -9, a crash) left changed: CPU affinity and cgroups of
-    `elastic`, OS switches of `tune`/`workload --apply-os`, processes of an unfinished `up`.
+    `elastic`, OS switches of `tune`/`workload --apply-os`, and processes that `exec`, `bench`,
+    `tune` or `probe` started and that outlived them (found by the token they inherit).
 
     Reads the undo journals in the state directory ($TILEWISE_STATE_DIR, /run/tilewise for root);
     journals of runs still alive are left alone, journals from before the last reboot are

@@ -12,7 +12,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from tilewise import allocators, launch, native
+from tilewise import allocators, changes, launch, native
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.tune.knobs import Config, thread_order
 
@@ -124,9 +124,11 @@ def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str
     """
     b = cfg.binding()
     with tempfile.TemporaryFile() as errf:
+        journal = changes.Session(f"tune run {os.path.basename(cmd[0])}")  # restore stops it after a kill -9
+        token = launch.journal_start(journal, cmd)  # before the clock starts
         t0 = time.perf_counter()
         proc = launch.spawn(cmd, b, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=errf,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, token=token)
         try:
             v = launch.verify(proc.pid, b, allocator_wait_s=0.2)
             try:
@@ -135,7 +137,8 @@ def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str
                 raise TilewiseError(f"{what} ran longer than {timeout:g} s and was stopped", hint) from None
             wall = time.perf_counter() - t0
         finally:
-            launch.stop(proc)
+            if launch.stop(proc).ok:
+                journal.commit()
         if proc.returncode != 0:
             errf.seek(0)
             tail = errf.read().decode(errors="replace").strip().splitlines()[-3:]
