@@ -174,16 +174,11 @@ def _run(argv: list[str], env: dict, timeout: float | None, what: str) -> str:
     """Run a pass in its own session; stop the whole tree on any way out (Ctrl-C included)."""
     from tilewise import launch
 
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
+    try:  # own group, journaled start, the whole tree stopped on any way out (Ctrl-C included)
+        proc = launch.run(argv, env=env, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except subprocess.TimeoutExpired:
-        launch.kill_tree(proc)
         raise TilewiseError(f"{what} took longer than {timeout:g} s", "raise --timeout or use a smaller --sf") from None
-    except BaseException:
-        launch.kill_tree(proc)
-        raise
+    out, err = proc.stdout, proc.stderr
     if proc.returncode != 0:
         last = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
         raise TilewiseError(f"{what} failed (exit {proc.returncode}): {last[-1] if last else 'no message'}")
