@@ -121,3 +121,60 @@ def stream_order(stream: int, selected=NUMBERS) -> list[int]:
     row = STREAM_ORDER[stream] if stream < len(STREAM_ORDER) else STREAM_ORDER[1 + (stream - 1) % (len(STREAM_ORDER) - 1)]
     chosen = set(selected)
     return [n for n in row if n in chosen]
+
+
+BENCHMARKS = ("tpch", "jcch")
+
+
+class QuerySet:
+    """The SQL every stream runs. TPC-H: the specification's validation parameters (qNN.sql) in
+    every stream. JCC-H: qgen's "skewed" or "normal" parameters drawn per (seed, stream, query)
+    (tilewise.bench.jcch_queries), so every stream has its own and every policy the same."""
+
+    def __init__(self, benchmark: str = "tpch", params: str | None = None, *, seed: int = 0, sf: float = 1.0) -> None:
+        if benchmark not in BENCHMARKS:
+            raise UsageError(f"unknown benchmark {benchmark!r}", "use --benchmark tpch or --benchmark jcch")
+        if benchmark == "tpch" and params is not None:
+            raise UsageError("--params applies to --benchmark jcch only", "drop --params for TPC-H")
+        if benchmark == "jcch":
+            from tilewise.bench import jcch_queries
+
+            params = jcch_queries.check_mode(params or "skewed")
+        self.benchmark, self.params, self.seed, self.sf = benchmark, params, int(seed), float(sf)
+        self._bound: dict[tuple[int, int], object] = {}
+
+    def binding(self, n: int, stream: int):
+        """JCC-H: the drawn parameters of query n in stream `stream` (None for TPC-H)."""
+        if self.benchmark != "jcch":
+            return None
+        if (n, stream) not in self._bound:
+            from tilewise.bench import jcch_queries
+
+            self._bound[(n, stream)] = jcch_queries.binding(n, self.params, seed=self.seed, stream=stream, sf=self.sf)
+        return self._bound[(n, stream)]
+
+    def sql(self, n: int, stream: int) -> str:
+        b = self.binding(n, stream)
+        return load(n) if b is None else b.sql
+
+    def key(self, n: int, stream: int) -> str:
+        """The reference-answer cache name: equal SQL, equal key (JCC-H: a hash of the SQL)."""
+        b = self.binding(n, stream)
+        if b is None:
+            return f"q{n:02d}"
+        from tilewise.bench import jcch_queries
+
+        return jcch_queries.cache_key(b)
+
+    def describe(self, streams, numbers) -> dict | None:
+        """What results.json records: the parameters of every query of every stream, and notes."""
+        if self.benchmark != "jcch":
+            return None
+        per_stream, notes = {}, []
+        for s in streams:
+            per_stream[str(s)] = {}
+            for n in numbers:
+                b = self.binding(n, s)
+                per_stream[str(s)][f"q{n}"] = b.params
+                notes += [f"stream {s} q{n}: {x}" for x in b.notes]
+        return {"benchmark": "jcch", "params": self.params, "seed": self.seed, "streams": per_stream, "notes": notes}

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tilewise import cpulist, launch, topology
 from tilewise.bench import queries as Q
+from tilewise.data import dataset_for
 from tilewise.data import refresh as RF
 from tilewise.data import tpch as tpch_data
 from tilewise.errors import TilewiseError, UsageError
@@ -68,6 +69,10 @@ class Config:
     plots: bool = True
     tests: tuple[str, ...] = TESTS
     refresh: bool | None = None  # None: where the engine can write
+    benchmark: str = "tpch"  # "tpch" | "jcch" (JCC-H: skewed data and parameters)
+    params: str | None = None  # JCC-H: "skewed" (default) | "normal" query parameters
+    seed: int = 0  # JCC-H: seed of the query parameters (each stream draws its own from it)
+    data_seed: int = 0  # JCC-H: seed of the data generator
     inject_wrong: tuple[int, ...] = ()  # test hook: corrupt these queries' answers before validation
 
 
@@ -199,7 +204,12 @@ def check_config(cfg: Config):
     """Everything that can be checked before anything is started; returns (engine class, topology, plans)."""
     from tilewise import allocators, engines
 
-    cfg.sf = tpch_data.check_sf(cfg.sf)
+    cfg.sf = _data_module(cfg).check_sf(cfg.sf)
+    Q.QuerySet(cfg.benchmark, cfg.params, seed=cfg.seed, sf=cfg.sf)  # benchmark, --params
+    if cfg.benchmark == "jcch":
+        from tilewise.data import jcch
+
+        cfg.seed, cfg.data_seed = jcch.check_seed(cfg.seed), jcch.check_seed(cfg.data_seed)
     if cfg.streams is not None and cfg.streams < 1:
         raise UsageError(f"--streams must be >= 1, got {cfg.streams}")
     if cfg.runs < 1:
@@ -218,6 +228,14 @@ def check_config(cfg: Config):
     for _, p in plans:
         launch.ensure_runnable(p, live_fp)
     return engine_cls, topo, plans
+
+
+def _data_module(cfg: Config):
+    if cfg.benchmark == "jcch":
+        from tilewise.data import jcch
+
+        return jcch
+    return tpch_data
 
 
 def memory_warning(dataset, plans) -> str | None:
@@ -338,17 +356,6 @@ def _corrupt(rows: list) -> list:
     return [("injected wrong row",)]
 
 
-def query_sql(n: int, stream: int) -> str:
-    """The SQL of query n in stream `stream` (0 = the power test): the specification's
-    validation parameters for every stream."""
-    return Q.load(n)
-
-
-def query_key(n: int, stream: int) -> str:
-    """The reference cache key of query_sql(n, stream) (equal SQL, equal key)."""
-    return f"q{n:02d}"
-
-
 @dataclass
 class _Ctx:
     cfg: Config
@@ -358,6 +365,7 @@ class _Ctx:
     states: States  # the run's data states (a single one without refresh functions)
     power_fns: tuple[int, int] | None  # indexes of the power test's RF1 and RF2 in the schedule
     stream_fns: list[int]  # indexes of the refresh stream's functions
+    queries: Q.QuerySet  # the SQL of query n in stream s (0 = the power test)
 
 
 def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], float] = time.perf_counter,
@@ -373,7 +381,9 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     replicas = bool(getattr(engine_cls, "replicas", False))
     streams = cfg.streams or default_streams(cfg.sf, replicas, plans)
     writer = Writer(cfg.out, plots=cfg.plots)  # a bad --out fails before anything starts
-    dataset = tpch_data.dataset(cfg.sf, cfg.data_dir, log=rep.message)
+    dataset = dataset_for(cfg.benchmark, cfg.sf, cfg.data_dir, seed=cfg.data_seed if cfg.benchmark == "jcch" else None,
+                          log=rep.message)
+    qset = Q.QuerySet(cfg.benchmark, cfg.params, seed=cfg.seed, sf=cfg.sf)
     version = _engine_version(engine_cls)
     if cfg.engine == "duckdb":
         warn = memory_warning(dataset, plans)
@@ -388,7 +398,8 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "engine": cfg.engine, "sf": cfg.sf, "policies": [label for label, _ in plans], "queries": list(cfg.queries),
         "streams": streams, "streams_requested": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
         "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
-        "dataset": dataset.to_json(),
+        "dataset": dataset.to_json(), "benchmark": cfg.benchmark, "query_params": qset.params,
+        "query_seed": qset.seed if cfg.benchmark == "jcch" else None,
     })
     doc.update({
         "requested": {"policies": [label for label, _ in plans], "queries": [f"q{n}" for n in cfg.queries]},
@@ -423,7 +434,14 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
                             "throughput test has no refresh stream; the figures are not comparable with "
                             "published TPC-H results")
     states = States(dataset, schedule, validate=cfg.validate)
-    ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns)
+    ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns, qset)
+    stream_ids = ([0] if "power" in cfg.tests else []) + (list(range(1, streams + 1)) if "throughput" in cfg.tests else [])
+    drawn = qset.describe(stream_ids, cfg.queries)
+    if drawn:  # JCC-H: the parameters every stream runs, as qgen would log them
+        doc["query_parameters"] = drawn
+        doc["notes"] += drawn["notes"]
+        rep.message(f"JCC-H {qset.params} query parameters, seed {qset.seed}: {len(stream_ids)} stream(s) "
+                    "with their own (recorded in results.json)")
     if "power" in cfg.tests and replicas:
         doc["notes"].append("the power test runs one stream, so on a replica engine it uses one instance of a "
                             "multi-instance deployment (the specification's single-user test); compare deployments "
@@ -437,7 +455,10 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         rep.message(f"reference answers: DataFusion {ref.version} (cached in {ref.cache_dir})")
         for n in cfg.queries:  # computed now, not between runs: the loaded data and what the power test sees
             for i in ((0, 1) if power_fns is not None else (0,)):
-                states.reference(i).answer_sql(query_sql(n, 0), query_key(n, 0))
+                states.reference(i).answer_sql(qset.sql(n, 0), qset.key(n, 0))
+            if cfg.benchmark == "jcch":  # every stream has its own SQL: its answers on the loaded data too
+                for st in stream_ids:
+                    states.reference(0).answer_sql(qset.sql(n, st), qset.key(n, st))
     writer.write(doc)
     wrong: list[str] = doc["validation"]["wrong_answers"]
     deployed: dict[tuple, str] = {}
@@ -587,7 +608,7 @@ def _one_run(engine, ctx: _Ctx, label: str) -> tuple[dict, list[Answer]]:
 
 def _ask(engine, ctx: _Ctx, n: int, stream: int, answers: list[Answer], lock=None) -> float:
     lo = ctx.states.bounds()
-    res = engine.run_query(query_sql(n, stream))
+    res = engine.run_query(ctx.queries.sql(n, stream))
     hi = ctx.states.upper()
     a = Answer(n, stream, res.rows, res.instance, lo, hi)
     if lock is None:
@@ -667,7 +688,8 @@ def _check(answers: list[Answer], ctx: _Ctx, label: str, rows_of: dict, detail: 
             continue
         checks = []
         for i in range(a.lo, a.hi + 1):
-            checks.append(states.reference(i).check_sql(query_sql(a.query, a.stream), query_key(a.query, a.stream), rows))
+            checks.append(states.reference(i).check_sql(ctx.queries.sql(a.query, a.stream),
+                                                        ctx.queries.key(a.query, a.stream), rows))
             if checks[-1].ok:
                 break
         if not checks[-1].ok and a.query not in detail:  # loud, at once, not only in the final table

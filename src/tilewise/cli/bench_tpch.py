@@ -4,36 +4,26 @@ from __future__ import annotations
 
 import click
 
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import ProgressBars, console, emit_json, json_option, topology_option
 
 
-class _RichReporter:
+class _RichReporter(ProgressBars):
     """Progress bar and messages on stderr (plain when not a terminal or NO_COLOR is set)."""
 
     def __init__(self, quiet: bool) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        self.err = console(stderr=True)
+        # it redraws inside the timed runs: 10 Hz (rich's default) cost 1.6 % of a core on a
+        # terminal, 2 Hz a third of that (docs/overhead.md)
+        super().__init__(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), refresh_per_second=2)
         self.quiet = quiet
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                 console=self.err, transient=True, disable=not self.err.is_terminal,
-                                 # it redraws inside the timed runs: 10 Hz (rich's default) cost 1.6 % of a
-                                 # core on a terminal, 2 Hz a third of that (docs/overhead.md)
-                                 refresh_per_second=2)
         self.task = None
         self.policy = ""
 
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
-
     def message(self, text: str) -> None:
         if not self.quiet:
-            self.progress.console.print(text, markup=False, highlight=False)
+            super().message(text)
 
     def start_policy(self, name: str, total_steps: int) -> None:
         self.policy = name
@@ -51,7 +41,14 @@ class _RichReporter:
 
 @click.command("tpch")
 @click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark.")
-@click.option("--sf", default="1", show_default=True, help="TPC-H scale factor (> 0), e.g. 1 or 0.01.")
+@click.option("--benchmark", "-b", type=click.Choice(["tpch", "jcch"]), default="tpch", show_default=True,
+              help="tpch, or jcch: JCC-H, TPC-H with skewed data and join-crossing correlations (docs/jcch.md).")
+@click.option("--params", "qparams", type=click.Choice(["skewed", "normal"]), default=None,
+              help="JCC-H query parameters: skewed (default; they hit the skew) or normal (they avoid it).")
+@click.option("--seed", default=None, metavar="S",
+              help="JCC-H: seed of the query parameters; each stream draws its own (default 0).")
+@click.option("--data-seed", default=None, metavar="S", help="JCC-H: seed of the data generator (default 0).")
+@click.option("--sf", default="1", show_default=True, help="Scale factor (> 0; JCC-H >= 0.01), e.g. 1 or 0.01.")
 @click.option("--policies", "-p", default="wim,wic,auto", show_default=True,
               help="Comma-separated deployment policies; the first is the baseline (n=K for K instances).")
 @click.option("--streams", "-s", type=int, default=None,
@@ -70,7 +67,8 @@ class _RichReporter:
               help="Memory allocator preloaded into every instance: system (default), jemalloc, tcmalloc, mimalloc, tbbmalloc.")
 @click.option("--config", "config_path", default=None, metavar="FILE",
               help="A configuration written by `tilewise tune`: supplies allocator and memory policy (flags win).")
-@click.option("--data-dir", default=None, metavar="DIR", help="TPC-H data cache (default: ~/.cache/tilewise/tpch).")
+@click.option("--data-dir", default=None, metavar="DIR",
+              help="Data cache (default: ~/.cache/tilewise/tpch, or ~/.cache/tilewise/jcch for JCC-H).")
 @click.option("--mem", default=None, metavar="POLICY", help="Override every policy's memory policy.")
 @click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only).")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
@@ -78,17 +76,28 @@ class _RichReporter:
 @click.option("--inject-wrong-answer", "inject", default=None, hidden=True,
               help="Test hook: corrupt these queries' answers before validation, e.g. 6.")
 @json_option
-def tpch(engine, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list, allocator, config_path, data_dir, mem,
+def tpch(engine, benchmark, qparams, seed, data_seed, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list, allocator, config_path, data_dir, mem,
          smt, no_warmup, no_plots, inject, as_json):
     """Run TPC-H under each deployment policy: per run a power test and a throughput test (with the
     refresh functions where the engine can write), every answer validated; report per-query times,
-    speedups, Power@Size, Throughput@Size and QphH@Size.
+    speedups, Power@Size, Throughput@Size and QphH@Size. --benchmark jcch runs JCC-H instead:
+    skewed data and qgen's skewed or normal parameters, drawn per stream.
 
-    Example: tilewise bench tpch --sf 1 --policies wim,wic,auto --runs 3 --out results/
+    \b
+    Example: tilewise bench tpch --sf 1 --policies wim,wic,auto --runs 3 --out results/tpch
+             tilewise bench tpch --benchmark jcch --params skewed --sf 1 --out results/jcch
     """
     from tilewise.bench import queries as Q
     from tilewise.bench import tpch as harness
-    from tilewise.data.tpch import check_sf
+    from tilewise.errors import UsageError
+
+    if benchmark == "tpch":
+        given = [f for f, v in (("--params", qparams), ("--seed", seed), ("--data-seed", data_seed)) if v is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies to --benchmark jcch only", f"drop {given[0]} for TPC-H")
+    from tilewise.data import jcch, tpch as tpch_data
+
+    check_sf = jcch.check_sf if benchmark == "jcch" else tpch_data.check_sf
 
     if config_path:  # a tuned configuration (tilewise tune): explicit flags win
         from tilewise.tune.knobs import load_config
@@ -98,7 +107,9 @@ def tpch(engine, sf, policies, streams, tests, refresh, runs, out_dir, topology_
         mem = mem or tuned.mem
     allocator = allocator or "system"
     cfg = harness.Config(
-        engine=engine, sf=check_sf(sf), policies=policies, streams=streams, runs=runs, out=out_dir,
+        engine=engine, benchmark=benchmark, params=qparams,
+        seed=jcch.check_seed(seed) if seed is not None else 0,
+        data_seed=jcch.check_seed(data_seed) if data_seed is not None else 0, sf=check_sf(sf), policies=policies, streams=streams, runs=runs, out=out_dir,
         tests=harness.parse_tests(tests), refresh=refresh,
         topology_src=topology_src, queries=Q.parse_selection(query_list), allocator=allocator,
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,

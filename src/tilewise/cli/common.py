@@ -37,3 +37,25 @@ def console(stderr: bool = False, *, wide: bool = False):
     if wide and not c.is_terminal and "COLUMNS" not in os.environ:
         c.width = max(c.width, 160)
     return c
+
+
+class ProgressBars:
+    """Rich progress bars on stderr with messages printed above them; shown only on a terminal
+    (plain messages otherwise). A context manager; subclasses add the bars they need."""
+
+    def __init__(self, *columns, refresh_per_second: float = 10) -> None:
+        from rich.progress import Progress
+
+        self.err = console(stderr=True)
+        self.progress = Progress(*columns, console=self.err, transient=True, disable=not self.err.is_terminal,
+                                 refresh_per_second=refresh_per_second)
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(text, markup=False, highlight=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tilewise.cli import LazyGroup
-from tilewise.cli.common import console, emit_json, json_option
+from tilewise.cli.common import ProgressBars, console, emit_json, json_option
 
 BENCHMARKS = ("tpch", "jcch")
 
@@ -18,46 +18,19 @@ seed_option = click.option("--seed", default=None, metavar="S",
                            help="JCC-H only: seed of the generator's random streams (default 0).")
 
 
-class DataProgress:
-    """Progress bars on stderr for data generation (plain lines when not a terminal)."""
+class DataProgress(ProgressBars):
+    """Progress bars on stderr for data generation, one per table (plain lines when not a terminal)."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-        self.err = console(stderr=True)
-        self.progress = Progress(TextColumn("{task.description:<16}"), BarColumn(), TaskProgressColumn(),
-                                 TimeElapsedColumn(), console=self.err, transient=True,
-                                 disable=not self.err.is_terminal)
+        super().__init__(TextColumn("{task.description:<16}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
         self.tasks: dict[str, int] = {}
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
-
-    def message(self, text: str) -> None:
-        self.progress.console.print(text, markup=False, highlight=False)
 
     def __call__(self, task: str, done: float, total: float | None) -> None:
         if task not in self.tasks:
             self.tasks[task] = self.progress.add_task(task, total=total)
         self.progress.update(self.tasks[task], completed=min(done, total) if total else done, total=total)
-
-
-def _dataset(benchmark: str, sf, data_dir, seed, *, log=None, progress=None):
-    if benchmark == "tpch":
-        if seed is not None:
-            from tilewise.errors import UsageError
-
-            raise UsageError("--seed applies to --benchmark jcch only", "drop --seed for TPC-H")
-        from tilewise.data import tpch
-
-        return tpch.dataset(sf, data_dir, log=log, progress=progress)
-    from tilewise.data import jcch
-
-    return jcch.dataset(sf, data_dir, seed=jcch.DEFAULT_SEED if seed is None else seed, log=log, progress=progress)
 
 
 @click.command("generate")
@@ -73,11 +46,11 @@ def generate_cmd(benchmark, sf, data_dir, seed, as_json):
     """
     import time
 
-    from tilewise.data import store
+    from tilewise.data import dataset_for, store
 
     t0 = time.monotonic()
     with DataProgress() as prog:
-        ds = _dataset(benchmark, sf, data_dir, seed, log=prog.message, progress=prog)
+        ds = dataset_for(benchmark, sf, data_dir, seed=seed, log=prog.message, progress=prog)
     man = store.read_manifest(ds.dir) or {}
     doc = {"dir": str(ds.dir), **ds.to_json(), "generator": man.get("generator"),
            "rows": {t: v["rows"] for t, v in man.get("tables", {}).items()},

@@ -27,9 +27,13 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
     with several, compare each against the first: medians with n, the ratio of geometric means
     with its 95 % confidence interval, and whether the change is beyond the noise.
 
+    A TPC-H run and a JCC-H run of the same engine (bench tpch --benchmark jcch) are also shown
+    side by side: per-query speedup over the first policy on each (with --out, tpch_vs_jcch.png).
+
     \b
     tilewise report results/before results/after
     tilewise report hostA/tpch hostB/tpch --metrics '*/qphh@size' --plot cmp.png
+    tilewise report results/tpch-sf1 results/jcch-sf1 --out results/tpch-vs-jcch
     """
     from tilewise import fsutil
     from tilewise.results import model, report
@@ -47,6 +51,10 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
             report.render(docs[0], console(wide=True))
         return
     cmp = report.compare(list(zip(names, docs)), select=select)
+    pair = report.benchmark_pair(list(zip(names, docs)))
+    bench = report.benchmark_comparison(pair[0][1], pair[1][1]) if pair else None  # TPC-H next to JCC-H
+    if bench:
+        cmp["tpch_vs_jcch"] = bench
     if select and not cmp["metrics"]:
         raise UsageError(f"no metric matches {select!r}", "see the metric names with tilewise report DIR --json")
     written = []
@@ -55,6 +63,8 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
         written.append(str(fsutil.atomic_write_json(d / "report.json", cmp)))
         written.append(str(fsutil.atomic_write(d / "report.csv", report.comparison_csv(cmp))))
         plot_path = plot_path or str(d / "report.png")
+        if bench:
+            written.append(str(report.benchmark_comparison_plot(bench, d / "tpch_vs_jcch.png")))
     if plot_path:
         p = report.comparison_plot(cmp, Path(plot_path))
         if p:
@@ -64,6 +74,8 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
         emit_json(cmp)
         return
     report.render_comparison(cmp, console(wide=True))
+    if bench:
+        report.render_benchmark_comparison(bench, console(wide=True))
     for w in written:
         console().print(f"wrote {w}", markup=False)
 

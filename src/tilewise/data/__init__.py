@@ -47,3 +47,25 @@ class Dataset:
     def at(cls, d: str | Path, *, benchmark: str = "tpch", sf: float = 0.0, seed: int | None = None) -> Dataset:
         """A Dataset for an existing directory of Parquet tables (tests, user-supplied data)."""
         return cls(benchmark, float(sf), Path(d), seed)
+
+
+BENCHMARKS = ("tpch", "jcch")
+
+
+def dataset_for(benchmark: str, sf, data_dir: str | Path | None = None, *, seed: int | None = None, log=None,
+                progress=None) -> Dataset:
+    """The data set of a benchmark, generated and cached first if needed: TPC-H (tpchgen-cli) or
+    JCC-H for a seed (default 0). progress(task, done, total) reports a generation."""
+    from tilewise.errors import UsageError
+
+    if benchmark == "tpch":
+        if seed is not None:
+            raise UsageError("a data seed applies to JCC-H only", "drop --seed/--data-seed for TPC-H")
+        from tilewise.data import tpch
+
+        return tpch.dataset(sf, data_dir, log=log, progress=progress)
+    if benchmark == "jcch":
+        from tilewise.data import jcch
+
+        return jcch.dataset(sf, data_dir, seed=jcch.DEFAULT_SEED if seed is None else seed, log=log, progress=progress)
+    raise UsageError(f"unknown benchmark {benchmark!r}", "use tpch or jcch")

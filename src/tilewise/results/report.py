@@ -108,12 +108,24 @@ def _median(xs) -> float | None:
     return model.median_or_none(xs or [])
 
 
+def benchmark_of(doc: dict) -> str:
+    """"tpch" or "jcch": which benchmark a tpch-kind document measured."""
+    p = doc.get("params", {})
+    return p.get("benchmark") or (p.get("dataset") or {}).get("benchmark") or "tpch"
+
+
+def _bench(doc: dict) -> str:
+    """The benchmark's name for titles: TPC-H, or JCC-H with its parameter set."""
+    if benchmark_of(doc) == "jcch":
+        mode = doc.get("params", {}).get("query_params")
+        return f"JCC-H ({mode})" if mode else "JCC-H"
+    return "TPC-H"
+
+
 def _tpch_title(doc: dict) -> str:
     p = doc.get("params", {})
-    ds = p.get("dataset") or {}
-    bench = (ds.get("benchmark") or "tpch").upper().replace("TPCH", "TPC-H").replace("JCCH", "JCC-H")
-    return f"{bench} {p.get('engine')} SF {p.get('sf'):g}" if isinstance(p.get("sf"), (int, float)) else \
-        f"{bench} {p.get('engine')} SF {p.get('sf')}"
+    sf = f"{p.get('sf'):g}" if isinstance(p.get("sf"), (int, float)) else str(p.get("sf"))
+    return f"{_bench(doc)} {p.get('engine')} SF {sf}"
 
 
 def render_tpch(doc: dict, out) -> None:
@@ -188,7 +200,7 @@ def render_tpch(doc: dict, out) -> None:
            or summ.get(n, {}).get("throughput_at_size") for n in measured):
         refresh = doc.get("refresh") or {}
         how = "with refresh functions RF1/RF2" if refresh.get("applied") else "without refresh functions"
-        mt = _table(f"TPC-H metrics at SF {p.get('sf')} ({how}; median over runs, 95 % CI)")
+        mt = _table(f"{_bench(doc)}: TPC-H metrics at SF {p.get('sf')} ({how}; median over runs, 95 % CI)")
         for col in ("policy", "Power@Size", "Throughput@Size", "QphH@Size", "streams"):
             mt.add_column(col, justify="left" if col == "policy" else "right")
         for n, rec in pols.items():
@@ -263,6 +275,7 @@ def tpch_plots(doc: dict, out_dir: Path) -> list[Path]:
     qs = [q for q, r in base.get("queries", {}).items() if r.get("median_s")]
     p = doc.get("params", {})
     tag = f"{p.get('engine')} SF {p.get('sf')}, {p.get('streams', 1)} stream(s)"
+    bench = _bench(doc)
     paths = []
     if qs and len(ran) > 1:
         series = {}
@@ -274,20 +287,20 @@ def tpch_plots(doc: dict, out_dir: Path) -> list[Path]:
                 vals.append(b / m if b and m else None)
             series[name] = vals
         paths.append(plots.bar_chart(out_dir / "speedup_per_query.png", qs, series, ylabel=f"speedup over {base_name}",
-                                     title=f"TPC-H per-query speedup over {base_name} ({tag})"))
+                                     title=f"{bench} per-query speedup over {base_name} ({tag})"))
     summ = tpch_summary(doc)
     geo = [summ[n].get("geomean_speedup_vs_baseline") for n in ran]
     thr = [summ[n].get("throughput_speedup_vs_baseline") for n in ran]
     if len(ran) > 1 and any(v is not None for v in geo + thr):
         paths.append(plots.bar_chart(out_dir / "geomean_speedup.png", ran,
                                      {"geomean per-query speedup": geo, "throughput (total time) speedup": thr},
-                                     ylabel=f"speedup over {base_name}", title=f"TPC-H geomean per policy ({tag})"))
+                                     ylabel=f"speedup over {base_name}", title=f"{bench} geomean per policy ({tag})"))
     qphh = {k: [(summ[n].get(k) or {}).get("median") for n in ran] for k in ("power_at_size", "throughput_at_size", "qphh_at_size")}
     if any(v is not None for vals in qphh.values() for v in vals):
         paths.append(plots.bar_chart(out_dir / "tpch_metrics.png", ran,
                                      {"Power@Size": qphh["power_at_size"], "Throughput@Size": qphh["throughput_at_size"],
                                       "QphH@Size": qphh["qphh_at_size"]},
-                                     ylabel="queries per hour x SF", title=f"TPC-H metrics per policy ({tag})",
+                                     ylabel="queries per hour x SF", title=f"{bench}: TPC-H metrics per policy ({tag})",
                                      reference_line=None))
     return paths
 
@@ -837,3 +850,80 @@ def comparison_csv(cmp: dict) -> str:
             row += ["", "", "", ""] if v is None else [v["ratio"], ci[0], ci[1], v["verdict"]]
         rows.append(row)
     return _csv(header, rows)
+
+
+# ---- TPC-H next to JCC-H (the NUMA study's comparison) -------------------------------------------
+
+def _ran(doc: dict) -> list[str]:
+    return [n for n, p in doc.get("policies", {}).items()
+            if not p.get("same_as") and any(q.get("median_s") for q in p.get("queries", {}).values())]
+
+
+def _speedups(doc: dict, base: str, pol: str, queries: list[str]) -> list[float | None]:
+    pols = doc["policies"]
+    out = []
+    for q in queries:
+        b = pols[base]["queries"].get(q, {}).get("median_s")
+        m = pols[pol]["queries"].get(q, {}).get("median_s")
+        out.append(b / m if b and m else None)
+    return out
+
+
+def benchmark_pair(runs: Sequence[tuple[str, dict]]) -> tuple[tuple[str, dict], tuple[str, dict]] | None:
+    """The (TPC-H, JCC-H) runs among runs when there is exactly one tpch-kind run of each."""
+    tp = [(lbl, d) for lbl, d in runs if d.get("kind") == "tpch" and benchmark_of(d) == "tpch"]
+    jc = [(lbl, d) for lbl, d in runs if d.get("kind") == "tpch" and benchmark_of(d) == "jcch"]
+    return (tp[0], jc[0]) if len(tp) == 1 and len(jc) == 1 else None
+
+
+def benchmark_comparison(tpch: dict, jcch: dict) -> dict:
+    """Per-query speedup of each policy over the baseline on TPC-H next to JCC-H, same engine and
+    policies: the study's comparison (one instance per NUMA node gained less on JCC-H, 2.17x/2.25x
+    geomean against 2.65x/3.33x on TPC-H). The baseline is the first policy measured in both."""
+    from tilewise.errors import UsageError
+
+    e1, e2 = tpch.get("params", {}).get("engine"), jcch.get("params", {}).get("engine")
+    if e1 != e2:
+        raise UsageError(f"the TPC-H run used {e1} and the JCC-H run {e2}", "compare runs of the same engine")
+    common = [n for n in _ran(tpch) if n in _ran(jcch)]
+    if len(common) < 2:
+        raise UsageError("the TPC-H and JCC-H runs share fewer than 2 measured policies",
+                         "run both with the same --policies, e.g. wim,wic,auto")
+    base = common[0]
+    queries = [q for q in tpch["policies"][base]["queries"] if q in jcch["policies"][base]["queries"]]
+    queries.sort(key=lambda q: int(q[1:]) if q[1:].isdigit() else 0)
+    out = {"engine": e1, "baseline": base, "queries": queries, "policies": {},
+           "tpch": {"sf": tpch["params"].get("sf"), "title": _tpch_title(tpch)},
+           "jcch": {"sf": jcch["params"].get("sf"), "title": _tpch_title(jcch),
+                    "params": jcch["params"].get("query_params"), "seed": jcch["params"].get("query_seed")}}
+    for pol in common[1:]:
+        a, b = _speedups(tpch, base, pol, queries), _speedups(jcch, base, pol, queries)
+        out["policies"][pol] = {"tpch": a, "jcch": b,
+                                "tpch_geomean": stats.geomean([x for x in a if x]),
+                                "jcch_geomean": stats.geomean([x for x in b if x])}
+    return out
+
+
+def render_benchmark_comparison(cmp: dict, out) -> None:
+    t = _table(f"per-query speedup over {cmp['baseline']}: {cmp['tpch']['title']} next to {cmp['jcch']['title']}")
+    t.add_column("query")
+    for pol in cmp["policies"]:
+        t.add_column(f"{pol} TPC-H", justify="right")
+        t.add_column(f"{pol} JCC-H", justify="right")
+    for i, q in enumerate(cmp["queries"]):
+        t.add_row(q, *(fmt(v[k][i], ".2f") for v in cmp["policies"].values() for k in ("tpch", "jcch")))
+    t.add_row("geomean", *(fmt(v[k], ".2f") for v in cmp["policies"].values() for k in ("tpch_geomean", "jcch_geomean")))
+    out.print(t)
+
+
+def benchmark_comparison_plot(cmp: dict, path: Path) -> Path:
+    from tilewise.results import plots
+
+    cats = cmp["queries"] + ["geomean"]
+    series = {}
+    for pol, v in cmp["policies"].items():
+        series[f"{pol} TPC-H"] = v["tpch"] + [v["tpch_geomean"]]
+        series[f"{pol} JCC-H"] = v["jcch"] + [v["jcch_geomean"]]
+    return plots.bar_chart(path, cats, series, ylabel=f"speedup over {cmp['baseline']}",
+                           title=f"per-query speedup over {cmp['baseline']}, {cmp['engine']}: TPC-H SF "
+                                 f"{cmp['tpch']['sf']} next to JCC-H SF {cmp['jcch']['sf']} ({cmp['jcch']['params']})")
