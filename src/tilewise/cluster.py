@@ -1,9 +1,12 @@
 """Long-running clusters (`tilewise up/status/down`): start, record, inspect, stop.
 
-A cluster is recorded in a versioned JSON state file, ``<state dir>/<name>.json``, written
-atomically (temp file, fsync, rename) BEFORE any process starts and again after each one, so a
-crash or Ctrl-C in the middle of `up` can always be cleaned up by `down`: every process carries the
-cluster's token in its environment and `down` kills whatever still carries it.
+A cluster of any engine (spark, trino, duckdb: cluster.BACKENDS, each a procgroup.ProcessCluster)
+is recorded in a versioned JSON state file, ``<state dir>/<name>.json``, written atomically (temp
+file, fsync, rename) BEFORE any process starts and again after each one, so a crash or Ctrl-C in
+the middle of `up` can always be cleaned up by `down`: every process carries the cluster's token in
+its environment and `down` stops whatever still carries it. While `up` runs, each started process
+is also journaled in a change session (tilewise.changes), so `tilewise restore` undoes an `up`
+that was killed half way.
 
 State dir: $TILEWISE_CLUSTER_DIR, else $XDG_RUNTIME_DIR/tilewise/clusters, else
 ~/.cache/tilewise/clusters. Logs and Spark work dirs live in ``<state dir>/<name>/``.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import json
 import os
 import re
@@ -23,14 +27,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.fsutil import atomic_write_json
-from tilewise import __version__
-from tilewise.engines import spark_cluster as sc
+from tilewise import __version__, changes
+from tilewise.engines import procgroup
+from tilewise.engines.procgroup import ProcessCluster
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Plan
 
-FORMAT = "tilewise-cluster/1"
-ENGINES_UP = ("spark",)
+FORMAT = "tilewise-cluster/2"
+OLD_FORMATS = ("tilewise-cluster/1",)  # upgraded on load (Spark only; master_url became endpoint)
+# engine -> the ProcessCluster subclass that starts, inspects and stops its processes
+BACKENDS = {
+    "spark": "tilewise.engines.spark_cluster:SparkCluster",
+    "trino": "tilewise.engines.trino_cluster:TrinoCluster",
+    "duckdb": "tilewise.engines.duckdb_server:DuckDBServers",
+}
+ENGINES_UP = tuple(BACKENDS)
+JOINABLE = ("spark", "trino")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def backend(engine: str) -> type[ProcessCluster]:
+    target = BACKENDS.get((engine or "").lower())
+    if target is None:
+        raise UsageError(f"unknown engine {engine!r}", f"choose one of {', '.join(BACKENDS)}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def state_dir() -> Path:
@@ -57,34 +78,42 @@ class ClusterState:
     root: str
     plan: dict
     host: str = "127.0.0.1"
-    master_url: str | None = None
-    joined: bool = False  # workers joined a master started elsewhere
-    data: dict = field(default_factory=dict)  # {"sf":..., "dir":..., "tables": {...}} when --sf was given
+    endpoint: str | None = None  # spark://H:P master, http://H:P coordinator, the DuckDB socket directory
+    joined: bool = False  # workers joined a master/coordinator started elsewhere
+    data: dict = field(default_factory=dict)  # the data set served ({"label", "dir", "sf", "schema", ...})
     members: list[dict] = field(default_factory=list)
+    placement: dict = field(default_factory=dict)  # where the coordinator went and why (tilewise.nic)
     version: str = __version__
+
+    @property
+    def master_url(self) -> str | None:  # the name Spark users know
+        return self.endpoint
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "name": self.name, "engine": self.engine, "token": self.token, "state": self.state,
                 "created": self.created, "root": self.root, "plan": self.plan, "host": self.host,
-                "master_url": self.master_url, "joined": self.joined, "data": self.data,
-                "members": self.members, "tilewise_version": self.version}
+                "endpoint": self.endpoint, "joined": self.joined, "data": self.data, "members": self.members,
+                "placement": self.placement, "tilewise_version": self.version}
 
     @classmethod
     def from_json(cls, d: dict, path: Path) -> ClusterState:
-        if d.get("format") != FORMAT:
-            raise TilewiseError(f"{path} has unknown format {d.get('format')!r} (this tilewise reads {FORMAT})",
+        fmt = d.get("format")
+        if fmt in OLD_FORMATS:
+            d = dict(d, endpoint=d.get("master_url"))
+        elif fmt != FORMAT:
+            raise TilewiseError(f"{path} has unknown format {fmt!r} (this tilewise reads {FORMAT})",
                                 "stop that cluster with the tilewise version that started it")
         try:
             return cls(d["name"], d["engine"], d["token"], d["state"], float(d["created"]), d["root"], d["plan"],
-                       d.get("host", "127.0.0.1"), d.get("master_url"), bool(d.get("joined")), d.get("data") or {},
-                       list(d.get("members") or []), d.get("tilewise_version", "?"))
+                       d.get("host", "127.0.0.1"), d.get("endpoint"), bool(d.get("joined")), d.get("data") or {},
+                       list(d.get("members") or []), d.get("placement") or {}, d.get("tilewise_version", "?"))
         except (KeyError, TypeError, ValueError) as e:
             raise TilewiseError(f"{path} is damaged ({e})", "remove it after checking no process is left") from None
 
-    def cluster(self) -> sc.SparkCluster:
-        members = [sc.Member.from_json(m) for m in self.members]
-        return sc.SparkCluster(Path(self.root), self.token, host=self.host, detach=True, members=members,
-                               master_url=self.master_url)
+    def cluster(self) -> ProcessCluster:
+        members = [procgroup.Member.from_json(m) for m in self.members]
+        return backend(self.engine)(Path(self.root), self.token, host=self.host, detach=True, members=members,
+                                    endpoint=self.endpoint)
 
 
 def state_path(name: str) -> Path:
@@ -146,14 +175,14 @@ def locked(name: str):
 # ---- the lifecycle ------------------------------------------------------------------------------
 
 def is_alive(st: ClusterState) -> bool:
-    return any(m.alive()[0] for m in st.cluster().members) or bool(sc.tagged_processes(st.token))
+    return any(m.alive()[0] for m in st.cluster().members) or bool(procgroup.tagged_processes(st.token))
 
 
-def detect_host(master_url: str) -> str:
-    """The local address that reaches the master (what remote workers must advertise)."""
-    m = re.fullmatch(r"spark://([^:/]+):(\d+)", master_url)
+def detect_host(address: str) -> str:
+    """The local address that reaches HOST:PORT (or URL) -- what joining workers must advertise."""
+    m = re.fullmatch(r"(?:[a-z]+://)?([^:/]+):(\d+)/?", address or "")
     if not m:
-        raise UsageError(f"--join {master_url!r} is not a Spark master URL", "use spark://HOST:PORT")
+        raise UsageError(f"{address!r} is not HOST:PORT", "use e.g. 10.0.0.1:8080 (or spark://HOST:PORT)")
     host, port = m.group(1), int(m.group(2))
     if host in ("127.0.0.1", "localhost"):
         return "127.0.0.1"
@@ -162,27 +191,27 @@ def detect_host(master_url: str) -> str:
             s.connect((host, port))
             return s.getsockname()[0]
     except OSError as e:
-        raise UsageError(f"cannot reach {host}:{port} to join its master: {e.strerror or e}",
+        raise UsageError(f"cannot reach {host}:{port}: {e.strerror or e}",
                          "check the address, or pass --host ADDR") from None
 
 
 def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: dict[int, int],
-       join: str | None = None, host: str | None = None, data: dict | None = None, log=None) -> ClusterState:
-    """Start a detached, bound cluster and record it. On any failure or interrupt: stop all, remove."""
-    if engine not in ENGINES_UP:
-        raise UsageError(f"`tilewise up` supports {', '.join(ENGINES_UP)}, not {engine!r}",
-                         "duckdb is embedded (no server to keep running): run your program bound with "
-                         "`tilewise exec --policy P --instance I -- CMD`, or benchmark it with `tilewise bench tpch --engine duckdb`")
-    sc.spark_home()
-    if join:
-        h = host or detect_host(join)
-    else:
-        h = host or "127.0.0.1"
+       join: str | None = None, host: str | None = None, dataset=None, log=None, placement=None,
+       coordinator_mb: int | None = None) -> ClusterState:
+    """Start a detached, bound cluster (or, with join, only workers for a coordinator elsewhere) and
+    record it. On any failure or interrupt: stop all, remove."""
+    engine = (engine or "").lower()
+    cls = backend(engine)
+    if join and engine not in JOINABLE:
+        raise UsageError(f"{engine} workers cannot join a cluster on another host",
+                         f"join works for {', '.join(JOINABLE)}")
+    cls.check_installed()
+    h = host or (detect_host(join) if join else "127.0.0.1")
     with locked(name):
         old = load(name)
         if old is not None:
             if is_alive(old):
-                raise UsageError(f"cluster {name!r} is already running (master {old.master_url})",
+                raise UsageError(f"cluster {name!r} is already running ({old.engine}, {old.endpoint})",
                                  f"stop it with `tilewise down --name {name}` or pick another --name")
             if log:
                 log(f"cluster {name!r} was recorded but is no longer running: cleaning up its state")
@@ -190,43 +219,80 @@ def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: 
             remove(old)
         root = state_dir() / name
         shutil.rmtree(root, ignore_errors=True)
-        st = ClusterState(name, engine, sc.new_token(), "starting", time.time(), str(root), plan.to_json(), h,
-                          master_url=join, joined=bool(join), data=data or {})
+        data = _data_doc(engine, dataset)
+        st = ClusterState(name, engine, procgroup.new_token(), "starting", time.time(), str(root), plan.to_json(), h,
+                          endpoint=None, joined=bool(join), data=data)
         save(st)  # recorded before anything starts: `down` can always clean up
-        cl = sc.SparkCluster(root, st.token, host=h, detach=True, master_url=join)
+        cl = cls(root, st.token, host=h, detach=True)
+        # every started process is also journaled in a change session: if `up` itself is killed half
+        # way, `tilewise restore` stops what it had started; on success the session is committed
+        # (the cluster stays on purpose; `down` stops it from the state file)
+        sess = changes.Session(f"up {name}")
+        journaled: set[int] = set()
 
-        def record(c: sc.SparkCluster) -> None:
+        def record(c: ProcessCluster) -> None:
+            for m in c.members:
+                if m.start is not None and m.pid not in journaled:
+                    sess.record(changes.StartedProcess(m.pid, m.start, m.token, name=f"{engine} {m.label}"),
+                                "state", "stopped", "running")
+                    journaled.add(m.pid)
             st.members = [m.to_json() for m in c.members]
-            st.master_url = c.master_url
+            st.endpoint = c.endpoint
+            pl = getattr(c, "placement", None)
+            st.placement = pl.to_json() if pl is not None else {}
             save(st)
 
         cl.on_change = record
         try:
-            if not join:
-                cl.start_master(wait=False)
-                if log:
-                    log(f"master starting at {cl.master_url}")
-            for inst in plan.instances:
-                m = cl.start_worker(inst, worker_memory_mb[inst.id], allocator=allocator)
-                if log:
-                    log(f"worker {inst.id} started: pid {m.pid}, {m.binding.describe()}, {m.memory_mb} MiB")
-            if not join:
-                cl.wait_master()
-            cl.wait_workers()
+            kwargs = {}
+            if engine == "trino":
+                kwargs = _trino_kwargs(st, cl, dataset, placement, coordinator_mb)
+            cl.start(plan, memory_mb=worker_memory_mb, allocator=allocator, join=join,
+                     dataset=dataset, log=log, **kwargs)
+            if engine == "trino" and dataset is not None and not join:
+                from tilewise.engines import trino_hive, trino_install
+
+                info = trino_hive.Warehouse(dataset, fallback_dir=root).prepare(
+                    lambda sql: cl.query(sql), trino_install.version(), log=log)
+                st.data["statistics_cached"] = info["cached"]
             st.state = "running"
             record(cl)
+            sess.commit()
             return st
         except BaseException:
             try:
                 cl.stop()
             finally:
                 remove(st)
+                sess.close()  # what cl.stop() reached is already stopped: this checks and releases
             raise
+
+
+def _data_doc(engine: str, dataset) -> dict:
+    if dataset is None:
+        return {}
+    doc = {"label": dataset.label, **dataset.to_json(), "tables": {k: str(v) for k, v in dataset.tables.items()}}
+    if engine == "trino":
+        from tilewise.engines import trino_hive
+
+        doc["schema"] = trino_hive.schema_name(dataset)
+        doc["catalog"] = trino_hive.CATALOG
+    return doc
+
+
+def _trino_kwargs(st: ClusterState, cl, dataset, placement, coordinator_mb) -> dict:
+    from tilewise.engines import trino_hive
+
+    kw: dict = {"placement": placement, "coordinator_mb": coordinator_mb}
+    if dataset is not None:
+        wh = trino_hive.Warehouse(dataset, fallback_dir=Path(st.root))
+        kw["catalog"] = trino_hive.catalog_properties(wh.metastore)
+    return kw
 
 
 def status(st: ClusterState) -> dict:
     cl = st.cluster()
-    members = [cl.member_status(m) for m in cl.members]
+    members = cl.statuses()
     workers = [m for m in members if m["role"] == "worker"]
     expected = len(st.plan.get("instances", []))
     healthy = all(m["healthy"] and m["binding_verified"] is not False for m in members) \
@@ -240,9 +306,11 @@ def status(st: ClusterState) -> dict:
         if not m["healthy"] or m["binding_verified"] is False:
             who = m["role"] if m["instance"] is None else f"{m['role']} {m['instance']}"
             problems.append(f"{who} (pid {m['pid']}): {m['detail'] or 'binding does not match the plan'}")
-    return {"name": st.name, "engine": st.engine, "state": st.state, "master_url": st.master_url,
+    return {"name": st.name, "engine": st.engine, "state": st.state, "endpoint": st.endpoint,
+            "master_url": st.endpoint if st.engine == "spark" else None,
             "joined": st.joined, "policy": st.plan.get("policy"), "created": st.created, "healthy": healthy,
-            "problems": problems, "members": members, "data": st.data, "state_file": str(state_path(st.name))}
+            "problems": problems, "members": members, "data": st.data, "placement": st.placement,
+            "state_file": str(state_path(st.name))}
 
 
 def down(st: ClusterState) -> dict:
@@ -251,4 +319,23 @@ def down(st: ClusterState) -> dict:
         pids = [m.pid for m in cl.members if m.alive()[0]]
         swept = cl.stop()
         remove(st)
-    return {"name": st.name, "stopped_pids": sorted(set(pids) | set(swept)), "left": []}
+    return {"name": st.name, "engine": st.engine, "stopped_pids": sorted(set(pids) | set(swept)), "left": []}
+
+
+def query(st: ClusterState, sql: str, *, instance: int | None = None, timeout_s: float | None = None):
+    """Run one SQL statement on a running cluster: (columns, rows, elapsed_s, instance)."""
+    cl = st.cluster()
+    if st.engine == "duckdb":
+        r = cl.query(sql, instance=instance, timeout_s=timeout_s)
+        return r.columns, r.rows, r.elapsed_s, r.instance
+    if st.engine == "trino":
+        if instance is not None:
+            raise UsageError("Trino runs every query on the whole cluster", "drop --instance")
+        if st.joined:
+            raise UsageError("this cluster only holds workers that joined a coordinator elsewhere",
+                             "query the coordinator's cluster (on the host that ran `tilewise up`)")
+        cols, rows, elapsed = cl.query(sql, catalog=st.data.get("catalog"), schema=st.data.get("schema"),
+                                       timeout_s=timeout_s)
+        return cols, rows, elapsed, -1
+    raise UsageError(f"`tilewise query` does not drive {st.engine} clusters",
+                     "submit Spark jobs with pyspark (tilewise up prints how)")

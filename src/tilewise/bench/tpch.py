@@ -74,6 +74,7 @@ class Config:
     seed: int = 0  # JCC-H: seed of the query parameters (each stream draws its own from it)
     data_seed: int = 0  # JCC-H: seed of the data generator
     inject_wrong: tuple[int, ...] = ()  # test hook: corrupt these queries' answers before validation
+    worker_memory: str | None = None  # JVM engines (spark, trino): memory per worker, e.g. 2g
 
 
 class Reporter:
@@ -215,6 +216,12 @@ def check_config(cfg: Config):
     if cfg.runs < 1:
         raise UsageError(f"--runs must be >= 1, got {cfg.runs}")
     cfg.tests = parse_tests(cfg.tests)
+    if cfg.worker_memory:
+        if cfg.engine not in ("spark", "trino"):
+            raise UsageError(f"--worker-memory sizes JVM workers; {cfg.engine} has none", "drop it")
+        from tilewise.engines.procgroup import parse_size_mb
+
+        parse_size_mb(cfg.worker_memory)
     engine_cls = engines.get(cfg.engine)
     if cfg.refresh and not getattr(engine_cls, "supports_refresh", False):
         raise UsageError(f"the {cfg.engine} engine cannot apply the refresh functions (it does not write its tables)",
@@ -259,6 +266,13 @@ def _validation_rules() -> str:
     from tilewise.bench.validate import RULES
 
     return RULES
+
+
+def engine_options(cfg: Config) -> dict:
+    """Constructor arguments for the engine adapter from the harness configuration."""
+    if cfg.worker_memory and cfg.engine in ("spark", "trino"):
+        return {"worker_memory": cfg.worker_memory}
+    return {}
 
 
 def _engine_version(engine_cls) -> str:
@@ -513,7 +527,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
     nq = len(cfg.queries)
     per_run = (nq if "power" in cfg.tests else 0) + (ctx.streams * nq if "throughput" in cfg.tests else 0)
     rep.start_policy(label, (int(cfg.warmup) + cfg.runs) * per_run)
-    engine = engine_cls()
+    engine = engine_cls(**engine_options(cfg))
     times: dict[int, list[float]] = {n: [] for n in cfg.queries}
     warm: dict[int, list[float]] = {n: [] for n in cfg.queries}
     rows_of: dict[int, int] = {}

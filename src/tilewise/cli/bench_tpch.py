@@ -40,7 +40,7 @@ class _RichReporter(ProgressBars):
 
 
 @click.command("tpch")
-@click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark.")
+@click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark, trino.")
 @click.option("--benchmark", "-b", type=click.Choice(["tpch", "jcch"]), default="tpch", show_default=True,
               help="tpch, or jcch: JCC-H, TPC-H with skewed data and join-crossing correlations (docs/jcch.md).")
 @click.option("--params", "qparams", type=click.Choice(["skewed", "normal"]), default=None,
@@ -71,13 +71,16 @@ class _RichReporter(ProgressBars):
               help="Data cache (default: ~/.cache/tilewise/tpch, or ~/.cache/tilewise/jcch for JCC-H).")
 @click.option("--mem", default=None, metavar="POLICY", help="Override every policy's memory policy.")
 @click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only).")
+@click.option("--worker-memory", default=None, metavar="SIZE",
+              help="spark/trino: memory (heap) per worker, e.g. 2g (default: half of its NUMA node's memory, "
+                   "split between the instances on that node).")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
 @click.option("--no-plots", is_flag=True, help="Do not write PNG plots.")
 @click.option("--inject-wrong-answer", "inject", default=None, hidden=True,
               help="Test hook: corrupt these queries' answers before validation, e.g. 6.")
 @json_option
 def tpch(engine, benchmark, qparams, seed, data_seed, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list, allocator, config_path, data_dir, mem,
-         smt, no_warmup, no_plots, inject, as_json):
+         smt, worker_memory, no_warmup, no_plots, inject, as_json):
     """Run TPC-H under each deployment policy: per run a power test and a throughput test (with the
     refresh functions where the engine can write), every answer validated; report per-query times,
     speedups, Power@Size, Throughput@Size and QphH@Size. --benchmark jcch runs JCC-H instead:
@@ -113,7 +116,7 @@ def tpch(engine, benchmark, qparams, seed, data_seed, sf, policies, streams, tes
         tests=harness.parse_tests(tests), refresh=refresh,
         topology_src=topology_src, queries=Q.parse_selection(query_list), allocator=allocator,
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
-        inject_wrong=tuple(Q.parse_selection(inject)) if inject else (),
+        inject_wrong=tuple(Q.parse_selection(inject)) if inject else (), worker_memory=worker_memory,
     )
     out = console(wide=True)
     with _RichReporter(quiet=False) as rep:

@@ -1,4 +1,5 @@
-"""`tilewise up / status / down`: a bound cluster that outlives the command.
+"""`tilewise up / join / status / query / down`: a bound cluster (spark, trino, duckdb) that outlives
+the command; `join` adds this host's bound workers to a coordinator on another host.
 
 Exit codes: 0 ok; 1 error; 2 bad usage; 3 (`status` only) the cluster is unhealthy (a crashed or
 unbound instance); 130 interrupted (everything `up` had started was stopped).
@@ -19,61 +20,113 @@ from tilewise.errors import UsageError
 name_option = click.option("--name", default="default", show_default=True, help="Cluster name (several may run).")
 
 
+def _worker_options(f):
+    opts = [
+        topology_option,
+        plan_options,
+        name_option,
+        click.option("--allocator", default="system", show_default=True,
+                     help=f"Preload an allocator into every instance: {', '.join(allocators.names())}."),
+        click.option("--worker-memory", default=None, metavar="SIZE",
+                     help="Memory per worker, e.g. 8g (default: derived from its NUMA node's memory, split between "
+                          "the instances on that node: half for JVM heaps, at most 31g; 80 %% for DuckDB's limit)."),
+        click.option("--host", default=None, metavar="ADDR",
+                     help="Address the processes bind to and advertise (default 127.0.0.1; with join, the one "
+                          "that reaches the coordinator)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
 @click.command("up")
-@click.option("--engine", "-e", default="spark", show_default=True, help="spark (duckdb is embedded: see --help).")
-@topology_option
-@plan_options
-@name_option
-@click.option("--allocator", default="system", show_default=True,
-              help=f"Preload an allocator into workers and executors: {', '.join(allocators.names())}.")
-@click.option("--sf", default=None, help="Also make sure TPC-H data at this scale factor exists; print how to read it.")
+@click.option("--engine", "-e", default="spark", show_default=True, type=click.Choice(["spark", "trino", "duckdb"],
+              case_sensitive=False), help="spark: master + workers; trino: coordinator + workers; duckdb: one server "
+              "per instance.")
+@_worker_options
+@click.option("--sf", default=None, help="Serve TPC-H at this scale factor (generated if needed): trino makes a "
+              "schema for it, duckdb loads it into every instance, spark prints how to read it.")
 @click.option("--data-dir", default=None, metavar="DIR", help="TPC-H data directory (default: the user cache).")
-@click.option("--worker-memory", default=None, metavar="SIZE",
-              help="Memory per worker, e.g. 8g (default: half of its NUMA node's memory, split between the "
-                   "instances on that node, at most 31g).")
-@click.option("--join", "join", default=None, metavar="URL",
-              help="Start only the bound workers and register them with this master (spark://HOST:PORT).")
-@click.option("--host", default=None, metavar="ADDR",
-              help="Address the processes bind to (default 127.0.0.1; with --join, the one that reaches the master).")
+@click.option("--coordinator-memory", default=None, metavar="SIZE",
+              help="trino: coordinator heap (default: half the smallest worker's, 768 MiB to 4 GiB).")
+@click.option("--join", "join", default=None, metavar="URL", hidden=True,
+              help="Same as `tilewise join --coordinator URL` (kept for scripts written for Spark).")
 @json_option
 def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
-           allocator, sf, data_dir, worker_memory, join, host, as_json):
-    """Start a bound cluster (one Spark worker per plan instance) that keeps running; print how to connect.
+           allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
+    """Start a bound cluster that keeps running; print how to connect.
 
-    duckdb is not supported here: it is embedded, there is no server to keep running; use
-    `tilewise exec` (a bound program) or `tilewise bench tpch --engine duckdb`.
+    One bound worker per plan instance (Spark worker, Trino worker, or DuckDB server), verified
+    from /proc; Trino and Spark also get a coordinator/master. Stop it with `tilewise down`.
     """
+    _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
+           allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json)
+
+
+@click.command("join")
+@click.option("--engine", "-e", required=True, type=click.Choice(["spark", "trino"], case_sensitive=False),
+              help="The engine of the cluster to join.")
+@click.option("--coordinator", required=True, metavar="HOST:PORT",
+              help="The Trino coordinator or Spark master started by `tilewise up` on another host.")
+@_worker_options
+@json_option
+def join_cmd(engine, coordinator, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set,
+             skewed, name, allocator, worker_memory, host, as_json):
+    """Start bound workers on this host for a cluster whose coordinator runs on another host.
+
+    This host plans and binds its own workers with the given policy (use the same policy on every
+    host); they register with the coordinator. Stop them with `tilewise down --name N` here; the
+    data set must be at the same path on every host.
+    """
+    _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
+           allocator, worker_memory, host, None, None, None, coordinator, as_json)
+
+
+def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
+           allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
     from tilewise import cluster
-    from tilewise.engines import spark_cluster as sc
+    from tilewise.engines.procgroup import MEMORY_MIN_MB, parse_size_mb
 
     cluster.check_name(name)
     allocators.get(allocator)
     engine = engine.lower()
-    if engine not in ("spark", "duckdb"):
-        raise UsageError(f"unknown engine {engine!r}", "choose spark (duckdb is embedded: use tilewise exec)")
-    per_mb = sc.parse_size_mb(worker_memory) if worker_memory else None
+    cls = cluster.backend(engine)
+    if join and engine not in cluster.JOINABLE:
+        raise UsageError(f"{engine} workers cannot join a cluster on another host", "use spark or trino")
+    if join and engine == "spark":
+        from tilewise.engines.spark_cluster import SparkCluster
+
+        join = SparkCluster.join_url(join)
+    elif join:
+        from tilewise.engines.trino_cluster import coordinator_address
+
+        coordinator_address(join)
+    per_mb = parse_size_mb(worker_memory, minimum_mb=256 if engine == "duckdb" else MEMORY_MIN_MB) \
+        if worker_memory else None
+    coord_mb = parse_size_mb(coordinator_memory, "--coordinator-memory") if coordinator_memory else None
+    if coord_mb and engine != "trino":
+        raise UsageError("--coordinator-memory sizes the Trino coordinator", "drop it for " + engine)
+    cls.check_installed()
     t = topology.load(topology_src)
     p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
     launch.ensure_runnable(p)
     if per_mb:
         memory = {i.id: per_mb for i in p.instances}
     else:
-        memory = sc.worker_memory_mb(p, {n.id: n.memory_bytes for n in t.numa_nodes})
+        memory = cls.default_memory_mb(p, {n.id: n.memory_bytes for n in t.numa_nodes})
     err = console(stderr=True)
     log = (lambda msg: err.print(f"tilewise: {msg}", markup=False)) if not as_json else None
-    data = {}
+    dataset = None
     if sf is not None:
         from tilewise.data import tpch as tpch_data
-        from tilewise.engines.spark import find_tables
 
-        d = tpch_data.ensure_data(sf, data_dir, log=log)
-        data = {"sf": float(sf), "dir": str(d), "tables": find_tables(d)}
+        dataset = tpch_data.dataset(sf, data_dir, log=log)
     t0 = time.monotonic()
     st = cluster.up(p, engine=engine, name=name, allocator=allocator, worker_memory_mb=memory, join=join,
-                    host=host, data=data, log=log)
+                    host=host, dataset=dataset, log=log, coordinator_mb=coord_mb)
     doc = cluster.status(st)
     doc["startup_s"] = round(time.monotonic() - t0, 2)
-    doc["connect"] = connect_hints(st)
+    doc["connect"] = st.cluster().connect_hints(st)
     if as_json:
         emit_json(doc)
         return
@@ -84,34 +137,17 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
         out.print(line, markup=False)
 
 
-def connect_hints(st) -> list[str]:
-    url = st.master_url
-    if st.joined:
-        return [f"workers joined {url}; submit jobs to that master as usual"]
-    cores = sum(len(i["cpus"]) for i in st.plan.get("instances", []))
-    lines = [
-        f"master: {url} (loopback only; UI off)",
-        f"connect: pyspark --master {url} --conf spark.sql.shuffle.partitions={cores}",
-        f"   or:   SparkSession.builder.master('{url}').config('spark.driver.host', '127.0.0.1').getOrCreate()",
-        "each worker runs one executor with all of its cores (leave spark.executor.cores unset); "
-        "executors inherit the worker's binding",
-        f"more workers from other machines: tilewise up --engine spark --policy P --join spark://<this host>:{url.rsplit(':', 1)[1]} "
-        "(start this master with --host <routable address> for that)",
-    ]
-    if st.data:
-        lines.append(f"TPC-H SF {st.data['sf']:g}: spark.read.parquet('{st.data['dir']}/lineitem.parquet') (and the 7 others)")
-    return lines
-
-
 def print_status(doc: dict) -> None:
     from rich.table import Table
 
     out = console()
     health = "healthy" if doc["healthy"] else "UNHEALTHY"
-    out.print(f"cluster {doc['name']} ({doc['engine']}, policy {doc['policy']}): {health}; master {doc['master_url']}",
-              markup=False)
+    where = {"spark": "master", "trino": "coordinator", "duckdb": "sockets in"}.get(doc["engine"], "at")
+    joined = " (workers joined from this host)" if doc.get("joined") else ""
+    out.print(f"cluster {doc['name']} ({doc['engine']}, policy {doc['policy']}): {health}; {where} {doc['endpoint']}"
+              f"{joined}", markup=False)
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("process", "pid", "cpus", "memory", "heap", "executors", "binding", "health"):
+    for col in ("process", "pid", "cpus", "memory", "heap/limit", "executors", "binding", "health"):
         table.add_column(col, overflow="fold")
     for m in doc["members"]:
         who = m["role"] if m["instance"] is None else f"{m['role']} {m['instance']}"
@@ -134,7 +170,7 @@ def _load(name: str):
     st = cluster.load(cluster.check_name(name))
     if st is None:
         others = cluster.names()
-        hint = f"running: {', '.join(others)} (use --name)" if others else "start one with `tilewise up --engine spark --policy P`"
+        hint = f"running: {', '.join(others)} (use --name)" if others else "start one with `tilewise up --engine E --policy P`"
         raise UsageError(f"no cluster named {name!r} is recorded in {cluster.state_dir()}", hint)
     return st
 
@@ -162,7 +198,8 @@ def status_cmd(name, as_json):
 @name_option
 @json_option
 def down_cmd(name, as_json):
-    """Stop a cluster: master, workers, executors; nothing is left running. Removes its state and logs."""
+    """Stop a cluster: every process it started (workers, executors, coordinator/master, servers); nothing
+    is left running. Removes its state and logs. On a host that joined workers, stops only those."""
     from tilewise import cluster
 
     st = _load(name)
@@ -171,3 +208,61 @@ def down_cmd(name, as_json):
         emit_json(doc)
         return
     console().print(f"cluster {name} stopped ({len(doc['stopped_pids'])} process(es)); none left", markup=False)
+
+
+@click.command("query")
+@name_option
+@click.option("--instance", "-i", type=int, default=None,
+              help="duckdb: which instance answers (default 0); Trino runs every query on the whole cluster.")
+@click.option("--timeout", "timeout_s", type=float, default=None, metavar="S", help="Give up after S seconds.")
+@click.option("--file", "-f", "sql_file", type=click.File("r"), default=None, metavar="FILE",
+              help="Read the statement from FILE ('-': standard input) instead of the argument.")
+@click.argument("sql", required=False)
+@json_option
+def query_cmd(name, instance, timeout_s, sql_file, sql, as_json):
+    """Run one SQL statement on a running trino or duckdb cluster and print the result.
+
+    Example: tilewise query --name tpch "SELECT count(*) FROM lineitem"; a statement that starts
+    with a `--` comment goes after `--` or in a file: tilewise query --name tpch -f q01.sql
+    """
+    from tilewise import cluster
+
+    if timeout_s is not None and not timeout_s > 0:
+        raise UsageError(f"--timeout must be > 0, got {timeout_s}")
+    if (sql is None) == (sql_file is None):
+        raise UsageError("give one SQL statement: as the argument or with --file", "e.g. tilewise query \"SELECT 1\"")
+    if sql_file is not None:
+        sql = sql_file.read()
+    sql = sql.strip().rstrip(";").strip()
+    if not sql:
+        raise UsageError("the SQL statement is empty")
+    st = _load(name)
+    cols, rows, elapsed, inst = cluster.query(st, sql, instance=instance, timeout_s=timeout_s)
+    if as_json:
+        emit_json({"cluster": name, "engine": st.engine, "instance": inst, "elapsed_s": elapsed, "columns": cols,
+                   "rows": [[_jsonable(v) for v in r] for r in rows]})
+        return
+    from rich.table import Table
+
+    table = Table(show_edge=False, pad_edge=False)
+    for c in cols:
+        table.add_column(str(c), overflow="fold")
+    for r in rows:
+        table.add_row(*("NULL" if v is None else str(v) for v in r))
+    out = console()
+    out.print(table)
+    where = f"instance {inst}" if inst is not None and inst >= 0 else "the cluster"
+    out.print(f"{len(rows)} row(s) in {elapsed:.3f} s on {where}", markup=False)
+
+
+def _jsonable(v):
+    import datetime as dt
+    from decimal import Decimal
+
+    if isinstance(v, Decimal):
+        return str(v)
+    if isinstance(v, (dt.date, dt.datetime)):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return v

@@ -91,6 +91,21 @@ class InstanceStatus:
     extra: dict = field(default_factory=dict)
 
 
+def instance_statuses(plan: Plan, docs: dict[int, dict], extra) -> list[InstanceStatus]:
+    """Per plan instance, from the cluster's worker status documents (ProcessCluster.member_status);
+    extra(doc) -> the engine's own details. An instance without a worker is reported, not skipped."""
+    out = []
+    for inst in plan.instances:
+        d = docs.get(inst.id)
+        if d is None:
+            out.append(InstanceStatus(inst.id, None, tuple(inst.cpus), tuple(inst.mem_nodes), inst.mem_policy,
+                                      False, False, "worker not started"))
+            continue
+        out.append(InstanceStatus(inst.id, d["pid"], tuple(inst.cpus), tuple(inst.mem_nodes), inst.mem_policy,
+                                  d["binding_verified"], bool(d["healthy"]), d["detail"], extra(d)))
+    return out
+
+
 class Engine(abc.ABC):
     name: str = "engine"
     # Capabilities the harness reads (class attributes, so they are known before start):

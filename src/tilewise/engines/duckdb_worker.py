@@ -143,12 +143,17 @@ class Server:
                 self.waiting -= 1
                 spawn = self.waiting == 0
             if msg is None or msg.get("op") == "exit":
-                # in-memory database: nothing to save; _exit so queries still running in other
-                # threads are not torn down by interpreter finalisation (DuckDB aborts on that)
-                os._exit(0)
+                self.ended()
+                return
             if spawn:  # keep someone reading while this thread works
                 threading.Thread(target=self.serve, daemon=True).start()
             self.handle(msg)
+
+    def ended(self) -> None:
+        """End of input or an exit request. The worker process ends: in-memory database, nothing to
+        save; _exit so queries still running in other threads are not torn down by interpreter
+        finalisation (DuckDB aborts on that). (duckdb_server ends only one client's session.)"""
+        os._exit(0)
 
     def handle(self, msg: dict) -> None:
         op = msg.get("op")

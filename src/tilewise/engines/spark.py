@@ -8,7 +8,7 @@ the total core count, registers the TPC-H Parquet files as temporary views and r
 Spark SQL, partitioned across the workers (instance=-1 in every QueryResult).
 
 Everything binds to loopback with free ports; the UIs are off (master/worker UIs on a random
-loopback port). stop() leaves no java process behind (see spark_cluster.sweep).
+loopback port). stop() leaves no java process behind (procgroup.ProcessCluster.stop).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tilewise import launch
 from tilewise.engines import spark_cluster as sc
-from tilewise.engines.base import Engine, InstanceStatus, QueryResult
+from tilewise.engines.base import Engine, InstanceStatus, QueryResult, instance_statuses
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Plan
 
@@ -54,38 +54,21 @@ def engine_version() -> str:
 def spark_schema(path: str) -> str | None:
     """The Parquet file's schema as a Spark DDL string (skips Spark's schema-inference jobs);
     None when a type has no plain mapping (Spark then infers it)."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    from tilewise.engines.sqltypes import parquet_schema
 
-        p = Path(path)
+    p = Path(path)
+    try:
         if p.is_dir():
             files = sorted(p.rglob("*.parquet"))
             if not files:
                 return None
             p = files[0]
-        schema = pq.read_schema(p)
+        cols = parquet_schema(p, "spark")
     except Exception:
         return None
-    cols = []
-    for f in schema:
-        t = f.type
-        if pa.types.is_int64(t):
-            st = "BIGINT"
-        elif pa.types.is_int32(t):
-            st = "INT"
-        elif pa.types.is_decimal(t):
-            st = f"DECIMAL({t.precision},{t.scale})"
-        elif pa.types.is_string(t) or pa.types.is_large_string(t) or str(t) == "string_view":
-            st = "STRING"
-        elif pa.types.is_date32(t):
-            st = "DATE"
-        elif pa.types.is_float64(t):
-            st = "DOUBLE"
-        else:
-            return None
-        cols.append(f"`{f.name}` {st}")
-    return ", ".join(cols)
+    if any(t is None for _, t in cols):
+        return None
+    return ", ".join(f"`{c}` {t}" for c, t in cols)
 
 
 class SparkEngine(Engine):
@@ -232,20 +215,10 @@ class SparkEngine(Engine):
     def status(self) -> list[InstanceStatus]:
         if self.cluster is None or self.plan is None:
             return []
-        out = []
-        workers = {m.instance: m for m in self.cluster.workers()}
-        for inst in self.plan.instances:
-            m = workers.get(inst.id)
-            if m is None:
-                out.append(InstanceStatus(inst.id, None, tuple(inst.cpus), tuple(inst.mem_nodes), inst.mem_policy,
-                                          False, False, "worker not started"))
-                continue
-            d = self.cluster.member_status(m)
-            out.append(InstanceStatus(inst.id, m.pid, tuple(inst.cpus), tuple(inst.mem_nodes), inst.mem_policy,
-                                      d["binding_verified"], bool(d["healthy"]), d["detail"],
-                                      {"executors": d["executors"], "memory_mb": m.memory_mb,
-                                       "master_url": self.cluster.master_url}))
-        return out
+        url = self.cluster.master_url
+        docs = {d["instance"]: d for d in self.cluster.statuses() if d["role"] == "worker"}
+        return instance_statuses(self.plan, docs, lambda d: {"executors": d["executors"], "memory_mb": d["memory_mb"],
+                                                             "master_url": url})
 
     # ---- stop -----------------------------------------------------------------------------
     def stop(self) -> None:

@@ -5,9 +5,9 @@ cluster outlives the command, its processes are recorded in a state file, see ti
 
 Every process started here (master, workers, the executors the workers fork, the driver) carries
 ``TILEWISE_CLUSTER_TOKEN=<token>`` in its environment (executors inherit the worker's environment).
-Stopping kills the recorded process groups, then sweeps every live process carrying the token, so
-nothing is orphaned even when a worker crashed and left its executor behind, or when the process
-that started the cluster is long gone.
+Stopping (procgroup.ProcessCluster.stop, through launch.stop) reaches every member's tree and every
+live process carrying the token, so nothing is orphaned even when a worker crashed and left its
+executor behind, or when the process that started the cluster is long gone.
 """
 
 from __future__ import annotations
@@ -16,29 +16,18 @@ import importlib.util
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise import cpulist, launch, procs
+from tilewise import launch
+from tilewise.engines.procgroup import (  # noqa: F401 - re-exported: the cluster API predates procgroup
+    MEMORY_CAP_MB, MEMORY_FRACTION, MEMORY_MIN_MB, START_TIMEOUT_S, TOKEN_VAR, Member, ProcessCluster,
+    free_port, log_tail, new_token, parse_size_mb, tagged_processes, worker_memory_mb)
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance, Plan
-from tilewise.procs import ProcId
 
-TOKEN_VAR = "TILEWISE_CLUSTER_TOKEN"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR_CLASS = "CoarseGrainedExecutorBackend"
-# worker memory: this share of the memory of the instance's NUMA node(s) (split between the
-# instances on the same node), capped below 32 GiB (compressed oops), at least 512 MiB
-MEMORY_FRACTION = 0.5
-MEMORY_CAP_MB = 31 * 1024
-MEMORY_MIN_MB = 512
-START_TIMEOUT_S = 90.0
 
 _MASTER_URL_RE = re.compile(r"Starting Spark master at (spark://\S+)")
 _REGISTERED_RE = re.compile(r"Successfully registered with master (spark://\S+)")
@@ -47,9 +36,6 @@ _REGISTERED_RE = re.compile(r"Successfully registered with master (spark://\S+)"
 class SparkError(TilewiseError):
     pass
 
-
-def new_token() -> str:
-    return uuid.uuid4().hex
 
 
 def spark_home() -> Path:
@@ -65,164 +51,6 @@ def spark_home() -> Path:
                          "install one: apt-get install openjdk-17-jre-headless (scripts/setup-system.sh)")
     return home
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def parse_size_mb(text: str, what: str = "--worker-memory") -> int:
-    """'4g', '512m', '2GB', '1.5G' -> MiB."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(text).lower())
-    if not m:
-        raise UsageError(f"{what}: cannot read size {text!r}", "use e.g. 4g or 512m")
-    # a bare number is MiB, as Spark reads it
-    val = float(m.group(1)) * {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2)]
-    mb = int(val)
-    if mb < MEMORY_MIN_MB:
-        raise UsageError(f"{what}: {text} is below the {MEMORY_MIN_MB} MiB a Spark worker needs", "use e.g. 2g")
-    return mb
-
-
-def worker_memory_mb(plan: Plan, node_memory: dict[int, int], *, fraction: float = MEMORY_FRACTION,
-                     cap_mb: int = MEMORY_CAP_MB) -> dict[int, int]:
-    """Memory per worker (MiB): `fraction` of its NUMA nodes' memory, split between the instances
-    sharing a node, capped at cap_mb. node_memory: node id -> bytes (0 = unknown: 4 GiB assumed)."""
-    if not 0 < fraction <= 1:
-        raise UsageError(f"memory fraction must be in (0, 1], got {fraction}")
-    users: dict[int, int] = {}
-    for inst in plan.instances:
-        for n in _inst_nodes(inst):
-            users[n] = users.get(n, 0) + 1
-    out = {}
-    for inst in plan.instances:
-        total = 0.0
-        for n in _inst_nodes(inst):
-            mem = node_memory.get(n) or 4 * 1024 ** 3
-            total += mem / users[n]
-        mb = int(total * fraction / (1024 * 1024))
-        out[inst.id] = max(MEMORY_MIN_MB, min(cap_mb, mb))
-    return out
-
-
-def _inst_nodes(inst: Instance) -> tuple[int, ...]:
-    if inst.mem_policy in ("membind", "interleave", "preferred") and inst.mem_nodes:
-        return tuple(inst.mem_nodes)
-    return tuple(inst.numa_nodes) or (0,)
-
-
-# ---- processes -------------------------------------------------------------------------------
-
-@dataclass
-class Member:
-    """One process of the cluster, as recorded (also in the state file)."""
-
-    role: str  # master | worker | driver
-    instance: int | None
-    pid: int
-    create_time: float
-    binding: launch.Binding
-    log: str
-    cores: int = 0
-    memory_mb: int = 0
-    proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
-    start: int | None = None  # /proc/PID/stat start time (clock ticks): with pid, names the process
-    token: str | None = None  # the spawn token its descendants carry (launch.SPAWN_VAR)
-
-    def to_json(self) -> dict:
-        return {"role": self.role, "instance": self.instance, "pid": self.pid, "create_time": self.create_time,
-                "start": self.start, "token": self.token,
-                "binding": self.binding.to_json(), "log": self.log, "cores": self.cores, "memory_mb": self.memory_mb}
-
-    @classmethod
-    def from_json(cls, d: dict) -> Member:
-        b = d["binding"]
-        binding = launch.Binding(tuple(b["cpus"]) if b.get("cpus") is not None else None, b.get("mem_policy", "first-touch"),
-                                 tuple(b.get("mem_nodes", ())), b.get("allocator", "system"))
-        return cls(d["role"], d.get("instance"), int(d["pid"]), float(d["create_time"]), binding, d.get("log", ""),
-                   int(d.get("cores", 0)), int(d.get("memory_mb", 0)),
-                   start=int(d["start"]) if d.get("start") is not None else None, token=d.get("token"))
-
-    def tree(self) -> launch.Tree:
-        """What stopping this member must reach: its group, its descendants, its token's carriers."""
-        leader = ProcId(self.pid, self.start) if self.start is not None else None
-        return launch.Tree(leader, self.token, popen=self.proc)
-
-    def alive(self) -> tuple[bool, str]:
-        """(alive, why not). Uses the Popen when we own it (reaps it), else pid + start time."""
-        if self.proc is not None:
-            rc = self.proc.poll()
-            if rc is not None:
-                return False, f"exited with {_rc_text(rc)}"
-        if self.start is not None:
-            st = procs.stat(self.pid)
-            if st is None:
-                return False, "exited"
-            if st.start != self.start:
-                return False, "exited (its pid now belongs to another process)"
-            return (False, "exited (zombie)") if st.state in "ZX" else (True, "")
-        import psutil
-
-        try:
-            p = psutil.Process(self.pid)
-            if abs(p.create_time() - self.create_time) > 1.0:
-                return False, "exited (its pid now belongs to another process)"
-            if p.status() == psutil.STATUS_ZOMBIE:
-                return False, "exited (zombie)"
-            return True, ""
-        except psutil.NoSuchProcess:
-            return False, "exited"
-        except psutil.AccessDenied:
-            return True, ""
-
-
-def _rc_text(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"signal {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"signal {-rc}"
-    return f"exit code {rc}"
-
-
-def _create_time(pid: int) -> float:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
-
-
-def log_tail(path: str, n: int = 6) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            lines = [ln.rstrip() for ln in f.readlines()[-200:] if ln.strip()]
-    except OSError:
-        return ""
-    lines = [ln for ln in lines if not ln.lstrip().startswith("at ")]  # no Java stack frames
-    # prefer error lines
-    errs = [ln for ln in lines if "ERROR" in ln or "Exception" in ln or "Error" in ln]
-    pick = (errs or lines)[-n:]
-    return " | ".join(pick)[-600:]
-
-
-def tagged_processes(token: str) -> list:
-    """Live (non-zombie) processes whose environment carries the cluster token."""
-    import psutil
-
-    me = os.getpid()
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == me:
-            continue
-        try:
-            if p.environ().get(TOKEN_VAR) == token and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
 
 
 def executors_of(pid: int) -> list[int]:
@@ -243,66 +71,117 @@ def executors_of(pid: int) -> list[int]:
     return out
 
 
-class SparkCluster:
+class SparkCluster(ProcessCluster):
     """Start/inspect/stop a master and bound workers. `detach`: processes outlive this Python."""
 
+    engine = "spark"
+    error_cls = SparkError
+
     def __init__(self, root: Path, token: str, *, host: str = "127.0.0.1", detach: bool = False,
-                 members: list[Member] | None = None, master_url: str | None = None) -> None:
-        self.root = Path(root)
-        self.token = token
-        self.host = host
-        self.detach = detach
-        self.members: list[Member] = list(members or [])
-        self.master_url = master_url
-        self.on_change = None  # callback after each member starts (the state file is rewritten)
+                 members: list[Member] | None = None, master_url: str | None = None,
+                 endpoint: str | None = None) -> None:
+        super().__init__(root, token, host=host, detach=detach, members=members, endpoint=endpoint or master_url)
+        self.placement = None
+
+    @property
+    def master_url(self) -> str | None:
+        return self.endpoint
+
+    @master_url.setter
+    def master_url(self, url: str | None) -> None:
+        self.endpoint = url
+
+    @classmethod
+    def check_installed(cls) -> None:
+        spark_home()
+
+    @staticmethod
+    def join_url(address: str) -> str:
+        """HOST:PORT (or spark://HOST:PORT) -> the master URL workers register with."""
+        m = re.fullmatch(r"(?:spark://)?([^:/]+):(\d+)", address or "")
+        if not m:
+            raise UsageError(f"{address!r} is not a Spark master address", "use spark://HOST:PORT or HOST:PORT")
+        return f"spark://{m.group(1)}:{m.group(2)}"
 
     # -- environment --
     def env(self) -> dict:
         home = spark_home()
-        env = dict(os.environ)
+        env = super().env()
         env.update({
             "SPARK_HOME": str(home),
             "SPARK_LOCAL_IP": self.host,
             "SPARK_LOG_DIR": str(self.root / "logs"),
             "SPARK_NO_DAEMONIZE": "1",
             "SPARK_LOCAL_DIRS": str(self.root / "local"),
-            TOKEN_VAR: self.token,
         })
         env.pop("PYSPARK_GATEWAY_PORT", None)
         env.pop("PYSPARK_GATEWAY_SECRET", None)
         return env
 
-    def _spawn(self, role: str, instance: int | None, argv: list[str], b: launch.Binding, *, cores=0, memory_mb=0,
-               **popen_kwargs) -> Member:
-        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+    def _spawn(self, role, instance, argv, b, **kwargs) -> Member:
         (self.root / "local").mkdir(parents=True, exist_ok=True)
-        name = role if instance is None else f"{role}-{instance}"
-        log = self.root / "logs" / f"{name}.log"
-        with open(log, "ab") as fh:
-            proc = launch.spawn(argv, b, env=self.env(), die_with_parent=not self.detach,
-                                stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, **popen_kwargs)
-        m = Member(role, instance, proc.pid, _create_time(proc.pid), b, str(log), cores, memory_mb, proc,
-                   start=proc.ident.start, token=proc.token)
-        self.members.append(m)
-        if self.on_change:
-            self.on_change(self)
-        return m
+        return super()._spawn(role, instance, argv, b, **kwargs)
 
-    def start_master(self, timeout: float = START_TIMEOUT_S, *, wait: bool = True) -> str:
+    # -- the cluster interface (tilewise up / join) --
+    def start(self, plan: Plan, *, memory_mb: dict[int, int], allocator: str = "system", join: str | None = None,
+              dataset=None, log=None) -> None:
+        from tilewise import nic
+
+        if not join:
+            self.placement = nic.place_coordinator(plan, *nic.detect(self.host))
+            inst = self.placement.coordinator
+            self.start_master(wait=False, binding=launch.Binding.from_instance(inst, allocator) if inst else None)
+            if log:
+                log(f"master starting at {self.master_url}")
+            nic_node = self.placement.nic_node
+        else:
+            self.master_url = self.join_url(join)
+            nic_node = nic.detect(self.master_url.split("//", 1)[1].split(":")[0])[1]
+        by_id = {i.id: i for i in plan.instances}
+        for inst in (by_id[k] for k in nic.nic_local_first(plan, nic_node)):
+            m = self.start_worker(inst, memory_mb[inst.id], allocator=allocator)
+            if log:
+                log(f"worker {inst.id} started: pid {m.pid}, {m.binding.describe()}, {m.memory_mb} MiB")
+        if not join:
+            self.wait_master()
+        self.wait_workers()
+
+    def connect_hints(self, state) -> list[str]:
+        url = self.master_url
+        if state.joined:
+            return [f"workers joined {url}; submit jobs to that master as usual"]
+        cores = sum(len(i["cpus"]) for i in state.plan.get("instances", []))
+        port = url.rsplit(":", 1)[1]
+        lines = [
+            f"master: {url} (UI off)",
+            f"connect: pyspark --master {url} --conf spark.sql.shuffle.partitions={cores}",
+            f"   or:   SparkSession.builder.master('{url}').config('spark.driver.host', '127.0.0.1').getOrCreate()",
+            "each worker runs one executor with all of its cores (leave spark.executor.cores unset); "
+            "executors inherit the worker's binding",
+            f"workers on other hosts: tilewise join --engine spark --coordinator <this host>:{port} --policy P "
+            "(start this master with --host <routable address> for that)",
+        ]
+        if state.data:
+            lines.append(f"{state.data.get('label', 'data')}: spark.read.parquet('{state.data['dir']}/lineitem.parquet') "
+                         "(and the 7 others)")
+        return lines
+
+    def start_master(self, timeout: float = START_TIMEOUT_S, *, wait: bool = True,
+                     binding: launch.Binding | None = None) -> str:
         """Start the master on a free loopback port; wait=False returns at once (check with wait_master)."""
         home = spark_home()
         port = free_port(self.host)
         argv = [str(home / "bin" / "spark-class"), MASTER_CLASS, "--host", self.host, "--port", str(port),
                 "--webui-port", "0"]
         self.master_url = f"spark://{self.host}:{port}"
-        self._spawn("master", None, argv, launch.Binding(None))
+        self._spawn("master", None, argv, binding or launch.Binding(None))
         if wait:
             self.wait_master(timeout)
         return self.master_url
 
     def wait_master(self, timeout: float = START_TIMEOUT_S) -> None:
         m = self.master()
-        url = self._wait_log(m, _MASTER_URL_RE, timeout, "start")
+        url = self.wait_log(m, _MASTER_URL_RE, timeout, "start")
         if url != self.master_url:  # Spark moved to another port (ours was taken meanwhile)
             raise SparkError(f"spark master started at {url}, not at the chosen {self.master_url} (port taken)",
                              "run the command again")
@@ -319,70 +198,22 @@ class SparkCluster:
         argv = [str(home / "bin" / "spark-class"), WORKER_CLASS, url, "--cores", str(len(inst.cpus)),
                 "--memory", f"{memory_mb}m", "--work-dir", str(wdir), "--host", self.host, "--webui-port", "0"]
         m = self._spawn("worker", inst.id, argv, b, cores=len(inst.cpus), memory_mb=memory_mb)
-        v = launch.verify(m.pid, b)
-        if not v.ok:
-            raise launch.LaunchError(f"spark worker {inst.id}: binding not applied: " + "; ".join(v.problems))
+        self._verify_started(m)
         return m
 
     def wait_workers(self, timeout: float = START_TIMEOUT_S) -> None:
         for m in self.workers():
-            self._wait_log(m, _REGISTERED_RE, timeout, "register with the master")
-
-    def _wait_log(self, m: Member, pattern: re.Pattern, timeout: float, what: str) -> str:
-        deadline = time.monotonic() + timeout
-        name = m.role if m.instance is None else f"{m.role} {m.instance}"
-        while True:
-            try:
-                with open(m.log, errors="replace") as f:
-                    hit = pattern.search(f.read())
-                if hit:
-                    return hit.group(1)
-            except OSError:
-                pass
-            ok, why = m.alive()
-            if not ok:
-                raise SparkError(f"spark {name} (pid {m.pid}) {why} before it could {what}: {log_tail(m.log)}",
-                                 f"full log: {m.log}")
-            bad = self.dead()
-            if bad:
-                raise SparkError(f"spark {bad[0][0].role} (pid {bad[0][0].pid}) {bad[0][1]}: {log_tail(bad[0][0].log)}")
-            if time.monotonic() > deadline:
-                raise SparkError(f"spark {name} (pid {m.pid}) did not {what} within {timeout:.0f} s: {log_tail(m.log)}",
-                                 f"full log: {m.log}")
-            time.sleep(0.1)
+            self.wait_log(m, _REGISTERED_RE, timeout, "register with the master")
 
     # -- inspection --
-    def workers(self) -> list[Member]:
-        return [m for m in self.members if m.role == "worker"]
-
     def master(self) -> Member | None:
-        return next((m for m in self.members if m.role == "master"), None)
-
-    def dead(self) -> list[tuple[Member, str]]:
-        out = []
-        for m in self.members:
-            ok, why = m.alive()
-            if not ok:
-                out.append((m, why))
-        return out
+        return self.member("master")
 
     def member_status(self, m: Member) -> dict:
         """pid, binding read back from /proc, health, executors (verified too)."""
-        ok, why = m.alive()
-        d = {"role": m.role, "instance": m.instance, "pid": m.pid, "alive": ok, "healthy": ok, "detail": why,
-             "cpus": cpulist.format(m.binding.cpus) if m.binding.cpus is not None else "any",
-             "mem_policy": m.binding.mem_policy, "mem_nodes": list(m.binding.mem_nodes),
-             "cores": m.cores, "memory_mb": m.memory_mb, "log": m.log,
-             "binding_verified": None, "verification": None, "executors": []}
-        if not ok:
-            tail = log_tail(m.log, 2)
-            d["detail"] = f"{why}; last log lines: {tail}" if tail else why
+        d = super().member_status(m)
+        if not d["alive"]:
             return d
-        v = launch.verify(m.pid, m.binding, allocator_wait_s=0.0)
-        d["verification"] = v.to_json()
-        d["binding_verified"] = v.verdict  # True verified, False mismatch, None not checkable
-        if not v.verified:
-            d["detail"] = v.summary()
         if m.role == "worker":
             registered = False
             try:
@@ -391,8 +222,7 @@ class SparkCluster:
             except OSError:
                 pass
             if not registered:
-                d["healthy"] = False
-                d["detail"] = (d["detail"] + "; " if d["detail"] else "") + "not registered with the master"
+                self._unhealthy(d, "not registered with the master")
             for epid in executors_of(m.pid):
                 ev = launch.verify(epid, m.binding, allocator_wait_s=0.0)
                 d["executors"].append({"pid": epid, "binding_verified": ev.verdict, "verification": ev.state,
@@ -402,16 +232,3 @@ class SparkCluster:
                 elif ev.verdict is None and d["binding_verified"]:
                     d["binding_verified"] = None
         return d
-
-    # -- stopping --
-    def stop(self, timeout: float = 10.0) -> list[int]:
-        """Stop every member's whole tree and every process carrying the cluster token (executors a
-        crashed worker left behind included): SIGTERM, `timeout`, SIGKILL, then check. Idempotent.
-        Returns the pids stopped; raises if any process survived."""
-        trees = [m.tree() for m in self.members]
-        trees.append(launch.Tree(None, self.token, TOKEN_VAR))
-        rep = launch.stop(trees, grace=timeout)
-        if not rep.ok:
-            raise SparkError(f"could not stop processes of the cluster: {rep.summary()}",
-                             "kill them by pid (are you the same user?)")
-        return [p["pid"] for p in rep.stopped]

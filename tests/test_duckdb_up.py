@@ -1,0 +1,71 @@
+"""`tilewise up --engine duckdb`: detached, bound DuckDB servers (one per instance) recorded in the
+cluster state, shown by status with their bindings read back, queried with `tilewise query`, driven
+by `elastic --instances`, and stopped by `down` leaving nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import run_cli, wait_gone
+from tilewise import cpulist, plan, topology
+from tilewise.data import tpch as tpch_data
+
+
+@pytest.fixture
+def env(state_env, tmp_path):
+    data = tmp_path / "data"
+    tpch_data.ensure_data(0.01, data)
+    return {**state_env, "DATA": str(data)}
+
+
+def test_up_status_query_elastic_down(env):
+    d = env["TILEWISE_CLUSTER_DIR"]
+    policy = "wic" if len(os.sched_getaffinity(0)) >= 2 else "wim"
+    want = plan.plan(topology.load(None), policy)
+    cp = run_cli("up", "--engine", "duckdb", "--policy", policy, "--sf", "0.01", "--data-dir", env["DATA"],
+                 "--name", "db", "--worker-memory", "512m", "--json", env=env, timeout=240)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    assert doc["healthy"] and doc["engine"] == "duckdb" and doc["data"]["sf"] == 0.01
+    assert any("tilewise query --name db" in line for line in doc["connect"])
+    workers = sorted(doc["members"], key=lambda m: m["instance"])
+    assert [m["role"] for m in workers] == ["worker"] * len(want.instances)
+    for w, inst in zip(workers, want.instances):
+        assert tuple(sorted(psutil.Process(w["pid"]).cpu_affinity())) == tuple(inst.cpus)  # read back here too
+        assert w["cpus"] == cpulist.format(inst.cpus) and w["binding_verified"] is True
+        assert w["threads"] == len(inst.cpus) and w["memory_mb"] == 512
+        assert Path(w["socket"]).exists() and oct(Path(w["socket"]).stat().st_mode & 0o777) == "0o600"
+    # usable: each instance answers, from its own copy of the tables
+    for inst in want.instances:
+        q = run_cli("query", "--name", "db", "--instance", str(inst.id), "--json",
+                    "SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem", env=env, timeout=60)
+        assert q.returncode == 0, q.stderr
+        qd = json.loads(q.stdout)
+        assert qd["instance"] == inst.id and qd["columns"] == ["n", "q"] and qd["rows"][0][0] == 60175
+    text = run_cli("query", "--name", "db", "SELECT 6 * 7 AS answer", env=env, timeout=60)
+    assert text.returncode == 0 and "42" in text.stdout and "on instance 0" in text.stdout
+    bad = run_cli("query", "--name", "db", "SELECT * FROM nope", env=env, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("Error: ") and "nope" in bad.stderr
+    assert run_cli("query", "--name", "db", "--instance", "9", "SELECT 1", env=env).returncode == 2
+    # elastic drives the servers as instances of the cluster
+    el = run_cli("elastic", "--instances", "--cluster", "db", "--dry-run", "--duration", "1", "--interval", "0.2",
+                 "--json", env=env, timeout=120)
+    assert el.returncode == 0, el.stderr
+    assert sorted(json.loads(el.stdout)["target"]) == sorted(f"instance db/{i.id}" for i in want.instances)
+    # a killed server: status says so (exit 3), quickly
+    victim = workers[-1]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    st = run_cli("status", "--name", "db", "--json", env=env, timeout=60)
+    assert st.returncode == 3
+    dead = [m for m in json.loads(st.stdout)["members"] if m["pid"] == victim][0]
+    assert dead["healthy"] is False and "exited" in dead["detail"]
+    dn = run_cli("down", "--name", "db", "--json", env=env, timeout=60)
+    assert dn.returncode == 0, dn.stderr
+    assert not wait_gone("TILEWISE_CLUSTER_DIR", d), "DuckDB servers left after down"
+    assert not list(Path(d).glob("*.json")) and not (Path(d) / "db").exists()
