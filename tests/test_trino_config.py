@@ -63,6 +63,17 @@ def test_node_and_cluster_properties():
     assert tc.properties_text({"a": "1", "b": "x"}) == "a=1\nb=x\n"
 
 
+def test_start_timeout_from_the_environment(monkeypatch):
+    monkeypatch.delenv("TILEWISE_TRINO_START_TIMEOUT", raising=False)
+    assert tc.ready_timeout_s() == tc.READY_TIMEOUT_S
+    monkeypatch.setenv("TILEWISE_TRINO_START_TIMEOUT", "600")
+    assert tc.ready_timeout_s() == 600
+    for bad in ("0", "-3", "soon"):
+        monkeypatch.setenv("TILEWISE_TRINO_START_TIMEOUT", bad)
+        with pytest.raises(UsageError, match="TILEWISE_TRINO_START_TIMEOUT"):
+            tc.ready_timeout_s()
+
+
 @pytest.mark.parametrize("text, want", [("10.0.0.1:8080", ("10.0.0.1", 8080)),
                                         ("http://h:1/", ("h", 1)), ("https://h.example:443", ("h.example", 443))])
 def test_coordinator_address(text, want):

@@ -67,7 +67,7 @@ def test_up_bound_query_down_leaves_nothing(data, tmp_path, monkeypatch):
     try:
         cp = run_cli("up", "--engine", "trino", "--policy", policy, "--sf", "0.01", "--data-dir",
                      str(data.dir.parent), "--worker-memory", "1g", "--coordinator-memory", "768m", "--name", "t",
-                     "--json", env=env, timeout=300)
+                     "--json", env=env, timeout=480)
         assert cp.returncode == 0, cp.stderr[-3000:]
         doc = json.loads(cp.stdout)
         assert doc["healthy"] and doc["endpoint"].startswith("http://127.0.0.1:")

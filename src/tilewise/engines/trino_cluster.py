@@ -20,6 +20,7 @@ memory policy of the instance local to the NIC carrying inter-host traffic (inst
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -39,7 +40,21 @@ HEAP_QUERY_SHARE = 0.40
 HEAP_HEADROOM_SHARE = 0.25
 COORDINATOR_MIN_MB = 768
 COORDINATOR_MAX_MB = 4096
-READY_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = 300.0  # all nodes ACTIVE took 38-63 s on a quiet 2-core machine, over 3 min under heavy load
+
+
+def ready_timeout_s() -> float:
+    """How long start-up may take: TILEWISE_TRINO_START_TIMEOUT (seconds) or READY_TIMEOUT_S."""
+    text = os.environ.get("TILEWISE_TRINO_START_TIMEOUT")
+    if not text:
+        return READY_TIMEOUT_S
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v > 0:
+        raise UsageError(f"TILEWISE_TRINO_START_TIMEOUT={text!r} is not a positive number of seconds", "e.g. 600")
+    return v
 
 
 class TrinoError(ClusterError):
@@ -260,11 +275,17 @@ class TrinoCluster(ProcessCluster):
                 log(f"worker {inst.id} started: pid {m.pid}, {m.binding.describe()}, heap {heap} MiB")
         self.wait_ready()
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+    def wait_ready(self, timeout: float | None = None) -> None:
         """Every local JVM logged SERVER STARTED; the coordinator lists our workers as active and runs a query."""
+        timeout = timeout or ready_timeout_s()
         deadline = time.monotonic() + timeout
         for m in self.members:
-            self.wait_log(m, STARTED_RE, max(1.0, deadline - time.monotonic()), "start")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TrinoError(f"the Trino cluster did not start within {timeout:.0f} s ({m.label} still starting)",
+                                 "on a busy machine set TILEWISE_TRINO_START_TIMEOUT=600; logs: "
+                                 f"{self.root / 'logs'}")
+            self.wait_log(m, STARTED_RE, left, f"start within the cluster's {timeout:.0f} s")
         ours = {m.extra.get("node_id") for m in self.workers()}
         host, port = self.coordinator
         last = ""
