@@ -53,6 +53,21 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, mode: int = 0o64
     return path
 
 
+def replace_dir(src: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Put the finished directory src (a sibling of target) in target's place by rename: a reader sees
+    the old directory or the new one, never half of either. An old target is renamed aside first, then
+    deleted."""
+    import shutil
+
+    src, target = Path(src), Path(target)
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.rename(target, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.rename(src, target)
+    return target
+
+
 def atomic_write_json(path: str | os.PathLike, doc, *, indent: int | None = 2, mode: int = 0o644,
                       **dump_kwargs) -> Path:
     return atomic_write(path, json.dumps(doc, indent=indent, **dump_kwargs) + "\n", mode=mode)

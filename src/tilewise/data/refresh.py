@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilewise.data import Dataset
+from tilewise.fsutil import replace_dir
 from tilewise.errors import TilewiseError, UsageError
 
 GENERATOR = "tilewise-tpch-refresh/1"  # bump when the generated values change: references are keyed by it
@@ -159,11 +160,7 @@ def _generate_locked(dataset: Dataset, k: int, log) -> RefreshSet:
                 json.dump({"generator": GENERATOR, "set": k, "sf": dataset.sf, **counts}, fh, indent=2)
                 fh.flush()
                 os.fsync(fh.fileno())
-            if d.exists():
-                old = d.with_name(f".{d.name}.old-{os.getpid()}")
-                os.rename(d, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.rename(tmp, d)
+            replace_dir(tmp, d)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

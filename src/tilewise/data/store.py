@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tilewise.data import TABLES
 from tilewise.errors import TilewiseError, UsageError
-from tilewise.fsutil import atomic_write_json
+from tilewise.fsutil import atomic_write_json, replace_dir
 
 MANIFEST = "manifest.json"
 
@@ -98,11 +98,7 @@ def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, 
             man = {"format": fmt, **extra, "tables": table_info(tmp),
                    "generated_s": round(time.monotonic() - t0, 2)}
             atomic_write_json(tmp / MANIFEST, man)
-            if target.exists():  # a corrupt or partial old set: move it aside, then drop it
-                old = target.with_name(f".{target.name}.old-{os.getpid()}")
-                os.rename(target, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.rename(tmp, target)
+            replace_dir(tmp, target)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)

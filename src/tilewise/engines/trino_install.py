@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilewise.fsutil import replace_dir
 from tilewise.errors import TilewiseError, UsageError
 
 DEFAULT_VERSION = "476"
@@ -274,11 +275,7 @@ def unpack(tarball: Path, target: Path, progress: Progress | None = None) -> Pat
         if not (src / "bin" / "launcher").exists():
             raise InstallError(f"{tarball.name} has no {top}/bin/launcher", "delete it and install again")
         (src / MARKER).write_text(tarball.name + "\n")
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.rename(target, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.rename(src, target)
+        replace_dir(src, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
