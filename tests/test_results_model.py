@@ -270,3 +270,22 @@ def test_topology_model_does_not_import_its_renderer_and_engines_do_not_import_b
     for p in (SRC / "engines").glob("*.py"):
         assert not any(m.startswith("tilewise.bench") for m in _imports(p)), p.name
     assert not any(m.startswith("tilewise.cli") for m in _imports(SRC / "results" / "report.py"))
+
+
+# ---- golden output (pyperf's way: the CLI against checked-in result files) ------------------------
+
+V2 = FIXTURES / "results-v2"
+GOLDEN_ENV = {"COLUMNS": "160", "NO_COLOR": "1"}
+
+
+def test_report_output_is_golden():
+    """tests/fixtures/results-v2/tpch.json was written by the harness (in-process engine, fake clock)
+    with its environment scrubbed; regenerate the .txt files with the same command when the
+    tables change on purpose."""
+    cp = run_cli("report", str(V2 / "tpch.json"), env=GOLDEN_ENV)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == (V2 / "tpch.txt").read_text()
+    cp = run_cli("report", str(V1 / "tpch.json"), str(V2 / "tpch.json"), "--label", "before", "--label", "after",
+                 env=GOLDEN_ENV)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == (V2 / "compare.txt").read_text()

@@ -46,6 +46,15 @@ def test_sweep_interleaves_repeats_and_picks_the_best():
     assert sw.default.spread == pytest.approx(0.2 / 2.1)
 
 
+def test_warmup_times_are_kept_apart():
+    g = sweep.build_grid(["system"], MEMS[:1], ["none"])
+    times = iter([5.0, 1.0, 1.2, 1.1])  # one warm-up, then three measured runs
+    sw = sweep.run_sweep(g, lambda c: (next(times), {}), repeat=3, warmup=1)
+    s = sw.cases[0].summary()
+    assert s["warmup_s"] == [5.0] and s["runs"] == 3 and s["median_s"] == 1.1
+    assert s["ci95_s"][0] < 1.1 < s["ci95_s"][1] and s["stdev_s"] == pytest.approx(0.1)
+
+
 def test_sweep_applies_os_state_once_per_group():
     g = sweep.build_grid(["system"], MEMS[:1], ["none"], thps=["never", "always"])
     entered: list[dict] = []

@@ -169,7 +169,7 @@ def _workload_metrics(doc: dict) -> list[dict]:
 
 def _tune_metrics(doc: dict) -> list[dict]:
     return [metric(c["label"], [r["time_s"] for r in c.get("raw", []) if r.get("status") == "ok"], unit="s",
-                   config=c["label"])
+                   warmups=c.get("warmup_s", []), config=c["label"])
             for c in doc.get("cases", [])]
 
 

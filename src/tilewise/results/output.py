@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tilewise import fsutil
 from tilewise.errors import TilewiseError
-from tilewise.results import model, report
+from tilewise.results import report
 
 
 class Writer:
@@ -37,9 +37,7 @@ class Writer:
 
     def write(self, doc: dict, *, plots: bool | None = None) -> dict:
         """Derive the metrics, write the JSON, the CSV files and (unless plots=False) the plots."""
-        model.with_metrics(doc)
-        if doc.get("kind") == "tpch":
-            doc["summary"] = report.tpch_summary(doc)
+        report.prepare(doc)
         if self.dir is None:
             return doc
         try:

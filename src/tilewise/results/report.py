@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import fnmatch
 import io
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -532,8 +533,11 @@ def render_tune(doc: dict, out) -> None:
         ci = stats.mean_ci(times)
         ci_s = f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-"
         vs = f"{d / c['median_s']:.2f}x" if d else ""
+        flag = " !" if c.get("outliers") else ""
         out.print(f"{mark + c['label']:<{width}} {c['runs']:>4} {c['median_s']:>9.3f} {c['min_s']:>8.3f} "
-                  f"{c['max_s']:>8.3f} {ci_s:>15} {(c['spread'] or 0):>6.0%} {vs:>10}", markup=False)
+                  f"{c['max_s']:>8.3f} {ci_s:>15} {(c['spread'] or 0):>6.0%} {vs:>10}{flag}", markup=False)
+    if any(c.get("outliers") for c in cases):
+        out.print("! = a run is an outlier (modified z-score > 3.5; its time is in results.json)", markup=False)
     if best:
         sp = doc.get("speedup_over_default")
         out.print(f"best: {best['label']}  median {best['median_s']:.3f} s, spread {(best['spread'] or 0):.0%}; "
@@ -664,6 +668,18 @@ OWNED = {"tpch": ("results.csv", "tpch_metrics.csv", "speedup_per_query.png", "g
          "tune": ("results.csv", "fig6.png")}
 
 
+SUMMARY = {"tpch": tpch_summary}
+
+
+def prepare(doc: dict) -> dict:
+    """Before a document is written: its metrics (from the body) and its kind's summary."""
+    model.with_metrics(doc)
+    fn = SUMMARY.get(doc.get("kind"))
+    if fn is not None:
+        doc["summary"] = fn(doc)
+    return doc
+
+
 def render(doc: dict, out) -> None:
     """The readable view of a results document on the console `out`."""
     RENDER.get(doc.get("kind"), render_metrics)(doc, out)
@@ -722,7 +738,7 @@ def compare(runs: Sequence[tuple[str, dict]], *, select: str | None = None) -> d
                      "hostname": (d.get("environment") or {}).get("hostname"),
                      "git_commit": d["meta"].get("git_commit"), "started": d["meta"].get("started"),
                      "complete": d.get("complete"), "interrupted": d.get("interrupted")} for label, d in runs],
-           "environment_differences": {}, "metrics": [], "notes": []}
+           "environment_differences": {}, "parameter_differences": {}, "metrics": [], "notes": []}
     kinds = {d.get("kind") for _, d in runs}
     if len(kinds) > 1:
         out["notes"].append(f"the runs are of different kinds ({', '.join(sorted(map(str, kinds)))}); only metrics "
@@ -731,6 +747,16 @@ def compare(runs: Sequence[tuple[str, dict]], *, select: str | None = None) -> d
         vals = [_get(d.get("environment") or {}, path) for _, d in runs]
         if len({repr(v) for v in vals}) > 1:
             out["environment_differences"][".".join(path)] = vals
+    keys = list(dict.fromkeys(k for _, d in runs for k in (d.get("params") or {})))
+    for k in keys:
+        if k in ("dataset", "data_dir", "cpus"):
+            continue
+        vals = [(d.get("params") or {}).get(k) for _, d in runs]
+        if len({json.dumps(v, sort_keys=True, default=str) for v in vals}) > 1:
+            out["parameter_differences"][k] = vals
+    if "tests" in out["parameter_differences"]:
+        out["notes"].append("the runs ran different tests (params.tests): a metric of the same name (e.g. run_wall) "
+                            "may measure different work")
     names: list[str] = []
     for _, d in runs:
         for m in d.get("metrics", []):
@@ -788,6 +814,14 @@ def render_comparison(cmp: dict, out) -> None:
         for k, vals in cmp["environment_differences"].items():
             et.add_row(k, *(_short(v) for v in vals))
         out.print(et)
+    if cmp.get("parameter_differences"):
+        pt = _table("parameter differences")
+        pt.add_column("parameter")
+        for i in range(len(runs)):
+            pt.add_column(f"#{i + 1}")
+        for k, vals in cmp["parameter_differences"].items():
+            pt.add_row(k, *(_short(v) for v in vals))
+        out.print(pt)
     if not cmp["metrics"]:
         out.print("no metrics in common", markup=False)
     else:

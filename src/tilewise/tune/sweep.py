@@ -45,6 +45,7 @@ class Case:
     times: list[float] = field(default_factory=list)
     runs: list[dict] = field(default_factory=list)  # raw per-run records
     failures: list[str] = field(default_factory=list)
+    warmups: list[float] = field(default_factory=list)  # the unmeasured runs' times, kept
 
     @property
     def median(self) -> float | None:
@@ -58,10 +59,14 @@ class Case:
         return (max(self.times) - min(self.times)) / self.median
 
     def summary(self) -> dict:
+        from tilewise.results import stats
+
+        s = stats.summarize(self.times)
         return {"case": self.index, "label": self.config.label(), "config": self.config.to_json(),
                 "runs": len(self.times), "failures": self.failures, "median_s": self.median,
                 "min_s": min(self.times) if self.times else None, "max_s": max(self.times) if self.times else None,
-                "spread": self.spread}
+                "spread": self.spread, "stdev_s": s["stdev"], "ci95_s": s["ci95"], "outliers": s["outliers"],
+                "warmup_s": list(self.warmups)}
 
 
 @dataclass
@@ -167,7 +172,9 @@ def _one(c: Case, runner: Runner, *, record: bool, repeat_index: int = 0) -> Non
             c.failures.append(str(e))
             c.runs.append({"repeat": repeat_index, "status": "failed", "error": str(e)})
         return
-    if record:
+    if not record:
+        c.warmups.append(t)
+    else:
         c.times.append(t)
         c.runs.append({"repeat": repeat_index, "status": "ok", "time_s": t, **extra})
 
