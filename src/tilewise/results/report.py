@@ -201,7 +201,8 @@ def render_tpch(doc: dict, out) -> None:
            or summ.get(n, {}).get("throughput_at_size") for n in measured):
         refresh = doc.get("refresh") or {}
         how = "with refresh functions RF1/RF2" if refresh.get("applied") else "without refresh functions"
-        mt = _table(f"{_bench(doc)}: TPC-H metrics at SF {p.get('sf')} ({how}; median over runs, 95 % CI)")
+        prefix = "" if benchmark_of(doc) == "tpch" else f"{_bench(doc)}: "
+        mt = _table(f"{prefix}TPC-H metrics at SF {p.get('sf')} ({how}; median over runs, 95 % CI)")
         for col in ("policy", "Power@Size", "Throughput@Size", "QphH@Size", "streams"):
             mt.add_column(col, justify="left" if col == "policy" else "right")
         for n, rec in pols.items():
