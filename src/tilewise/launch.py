@@ -81,7 +81,7 @@ class Binding:
     def describe(self) -> str:
         cpus = cpulist.format(self.cpus) if self.cpus is not None else "unchanged"
         mem = self.mem_policy + (f":{cpulist.format(self.mem_nodes)}" if self.mem_nodes and self.mem_policy not in ("first-touch", "local") else "")
-        return f"cpus {cpus}, memory {mem}, allocator {self.allocator}"
+        return f"OS cpus {cpus}, memory {mem}, allocator {self.allocator}"
 
     def to_json(self) -> dict:
         d = asdict(self)

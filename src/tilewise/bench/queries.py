@@ -44,8 +44,8 @@ def has_order_by(sql: str) -> bool:
 
 
 def parse_selection(text: str | None) -> list[int]:
-    """"1,6,10-12" -> [1, 6, 10, 11, 12]; None/"all" -> all 22."""
-    if text is None or text.strip().lower() in ("", "all"):
+    """"1,6,10-12" -> [1, 6, 10, 11, 12]; None/"all" -> all 22; an empty list is an error."""
+    if text is None or text.strip().lower() == "all":
         return list(NUMBERS)
     out: list[int] = []
     for part in text.split(","):

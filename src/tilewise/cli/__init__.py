@@ -54,7 +54,9 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        from tilewise.cli.common import harden
+
+        return harden(getattr(importlib.import_module(module), attr))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -90,8 +92,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _sub(argv: list[str] | None) -> str:
+    """The (sub)command the arguments name, for the `--help` hint: "bench tpch ", "topo ", ""."""
     args = sys.argv[1:] if argv is None else argv
-    for a in args:
+    for i, a in enumerate(args):
         if a in COMMANDS:
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            if a in ("bench", "probe") and nxt and not nxt.startswith("-"):
+                return f"{a} {nxt} "
             return a + " "
     return ""

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import click
 
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, PERCENT, SECONDS, SEED, console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
 
 
 @click.command("elastic")
 @click.option("--sf", default="0.1", show_default=True, help="TPC-H scale factor.")
-@click.option("--clients", "-c", type=int, default=4, show_default=True, help="Concurrent clients (threads in the DuckDB process).")
-@click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds each case runs its clients.")
+@click.option("--clients", "-c", type=AT_LEAST_1, default=4, show_default=True, help="Concurrent clients (threads in the DuckDB process).")
+@click.option("--duration", type=SECONDS, default=10.0, show_default=True, help="Seconds each case runs its clients.")
 @click.option("--workloads", default="q6,mixed", show_default=True, help="q6 (every client loops Q6), mixed (random of the 22).")
 @click.option("--configs", default="os,dense,sparse,adaptive", show_default=True,
               help="os = no allocator (all cores); dense/sparse/adaptive = the elastic daemon in that mode.")
-@click.option("--interval", type=float, default=0.1, show_default=True, help="Daemon tick (s).")
-@click.option("--th-min", type=float, default=10.0, show_default=True)
-@click.option("--th-max", type=float, default=70.0, show_default=True)
+@click.option("--interval", type=SECONDS, default=0.1, show_default=True, help="Daemon tick (s).")
+@click.option("--th-min", type=PERCENT, default=10.0, show_default=True,
+              help="Release a core at or below this load (%).")
+@click.option("--th-max", type=PERCENT, default=70.0, show_default=True,
+              help="Add a core at or above this load (%).")
 @click.option("--data-dir", default=None, metavar="DIR", help="TPC-H Parquet cache (default: ~/.cache/tilewise/tpch).")
 @click.option("--out", "out_dir", default="results/elastic", show_default=True, metavar="DIR",
               help="results.json, elastic.png and logs/<case>.jsonl go here.")
-@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the mixed stream.")
+@click.option("--seed", type=SEED, default=1, show_default=True, help="Seed of the mixed stream.")
 @click.option("--no-plot", is_flag=True, help="Skip elastic.png.")
 @topology_option
 @json_option
@@ -40,10 +42,8 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
     from tilewise.results import model, report
     from tilewise.results.output import Writer
 
-    if clients < 1:
-        raise UsageError("--clients must be at least 1")
-    if duration <= 0 or interval <= 0:
-        raise UsageError("--duration and --interval must be positive")
+    if th_min >= th_max:
+        raise UsageError(f"--th-min must be below --th-max (got {th_min:g}, {th_max:g})")
     wl = ex.check_choice(workloads, ex.WORKLOADS, "workload")
     cf = ex.check_choice(configs, ex.CONFIGS, "config")
     sf_v = tpch_data.check_sf(sf)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tilewise.cli.common import ProgressBars, console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, ProgressBars, console, emit_json, json_option, topology_option
 
 
 class _RichReporter(ProgressBars):
@@ -51,14 +51,14 @@ class _RichReporter(ProgressBars):
 @click.option("--sf", default="1", show_default=True, help="Scale factor (> 0; JCC-H >= 0.01), e.g. 1 or 0.01.")
 @click.option("--policies", "-p", default="wim,wic,auto", show_default=True,
               help="Comma-separated deployment policies; the first is the baseline (n=K for K instances).")
-@click.option("--streams", "-s", type=int, default=None,
+@click.option("--streams", "-s", type=AT_LEAST_1, default=None,
               help="Query streams of the throughput test (default: the TPC-H minimum for the SF, 2 at SF 1, and at "
                    "least one per instance on engines whose instances are replicas, like DuckDB).")
 @click.option("--tests", "tests", default="power,throughput", show_default=True, metavar="LIST",
               help="TPC-H tests per run: power (1 stream, RF1, queries, RF2), throughput (S streams + a refresh stream).")
 @click.option("--refresh/--no-refresh", "refresh", default=None,
               help="Run the refresh functions RF1/RF2 (default: where the engine can write its tables).")
-@click.option("--runs", "-r", type=int, default=3, show_default=True, help="Timed runs after one warm-up run.")
+@click.option("--runs", "-r", type=AT_LEAST_1, default=3, show_default=True, help="Timed runs after one warm-up run.")
 @click.option("--out", "-o", "out_dir", default="tpch-results", show_default=True, metavar="DIR",
               help="Where results.json, results.csv and the plots go.")
 @topology_option

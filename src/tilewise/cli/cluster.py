@@ -147,7 +147,7 @@ def print_status(doc: dict) -> None:
     out.print(f"cluster {doc['name']} ({doc['engine']}, policy {doc['policy']}): {health}; {where} {doc['endpoint']}"
               f"{joined}", markup=False)
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("process", "pid", "cpus", "memory", "heap/limit", "executors", "binding", "health"):
+    for col in ("process", "pid", "cpus (P#)", "memory (P#)", "heap/limit", "executors", "binding", "health"):
         table.add_column(col, overflow="fold")
     for m in doc["members"]:
         who = m["role"] if m["instance"] is None else f"{m['role']} {m['instance']}"

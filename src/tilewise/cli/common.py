@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -13,6 +14,71 @@ topology_option = click.option(
     help="hwloc XML file, sysfs:<dir>, or synthetic:<hwloc description>; default: this machine.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON on stdout.")
+
+
+class Number(click.ParamType):
+    """A finite number within bounds, for every numeric option.
+
+    float() and click's FLOAT/FloatRange accept "nan" and "inf" (and NaN passes every range check):
+    `--interval nan` would busy-loop and `--duration inf` never stop. This type rejects them, checks
+    [min, max] (open ends with min_open/max_open), and with suffixes=True reads counts like 1e6, 10M,
+    100K, 2G (decimal multipliers).
+    """
+
+    MULT = {"k": 10**3, "m": 10**6, "g": 10**9}
+    INT_MAX = 2**63 - 1  # what the native tools and the kernel take
+
+    def __init__(self, *, integer: bool = False, min: float | None = None, max: float | None = None,  # noqa: A002
+                 min_open: bool = False, max_open: bool = False, suffixes: bool = False, name: str | None = None):
+        self.integer, self.min, self.max = integer, min, max
+        self.min_open, self.max_open, self.suffixes = min_open, max_open, suffixes
+        self.name = name or ("N" if suffixes else "INTEGER" if integer else "NUMBER")
+        if integer and max is None:
+            self.max = self.INT_MAX
+
+    def _range(self) -> str:
+        fmt = "d" if self.integer else "g"
+        lo = None if self.min is None else f"{'>' if self.min_open else '>='} {self.min:{fmt}}"
+        hi = None if self.max is None or self.max == self.INT_MAX else f"{'<' if self.max_open else '<='} {self.max:{fmt}}"
+        return " and ".join(x for x in (lo, hi) if x)
+
+    def convert(self, value, param, ctx):
+        what = "a whole number" if self.integer else "a number"
+        if isinstance(value, bool):
+            self.fail(f"{value!r} is not {what}", param, ctx)
+        if isinstance(value, (int, float)):
+            v = value
+        else:
+            text = str(value).strip().lower().replace("_", "")
+            mult = 1
+            if self.suffixes and text and text[-1] in self.MULT:
+                text, mult = text[:-1], self.MULT[text[-1]]
+            try:
+                v = int(text) * mult if self.integer and mult == 1 and text.lstrip("+-").isdigit() else float(text) * mult
+            except (ValueError, OverflowError):
+                hint = " (e.g. 1000000, 1e6, 10M)" if self.suffixes else ""
+                self.fail(f"{value!r} is not {what}{hint}", param, ctx)
+        if isinstance(v, float) and not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.integer:
+            if v != int(v):
+                self.fail(f"{value!r} is not a whole number", param, ctx)
+            v = int(v)
+        low = self.min is not None and (v <= self.min if self.min_open else v < self.min)
+        high = self.max is not None and (v >= self.max if self.max_open else v > self.max)
+        if low or high:
+            self.fail(f"{value!r} is out of range: it must be {self._range()}", param, ctx)
+        return v
+
+
+SECONDS = Number(min=0, min_open=True, name="SECONDS")  # a duration, interval or timeout
+PERCENT = Number(min=0, max=100, name="PERCENT")
+NON_NEGATIVE = Number(min=0)
+AT_LEAST_1 = Number(integer=True, min=1)  # runs, repeats, clients, streams, instances, threads
+INDEX = Number(integer=True, min=0)  # which instance; warm-up runs (0 = none)
+SEED = Number(integer=True, min=0, name="SEED")
+PID = Number(integer=True, min=1, max=2**31 - 1, name="PID")  # a pid_t
+COUNT = Number(integer=True, min=1, suffixes=True)  # records, groups, operations: 1e6, 10M, 100K
 
 
 def emit_json(obj) -> None:
@@ -59,3 +125,58 @@ class ProgressBars:
 
     def message(self, text: str) -> None:
         self.progress.console.print(text, markup=False, highlight=False)
+
+
+class NonEmpty(click.ParamType):
+    """Text that says something: not empty, not only blanks, no NUL byte (an empty --out would write
+    into the current directory, an empty --queries would run all 22)."""
+
+    name = "TEXT"
+
+    def convert(self, value, param, ctx):
+        text = str(value)
+        if not text.strip():
+            self.fail("is empty; give a value or leave the option out", param, ctx)
+        if "\x00" in text:
+            self.fail("contains a NUL byte", param, ctx)
+        return value
+
+
+NON_EMPTY = NonEmpty()
+
+
+def harden(cmd: click.Command) -> click.Command:
+    """Make every plain text option and argument of cmd (and of its subcommands, when it is a group
+    that is not lazy) reject empty values. Called on every command the CLI loads, so options added
+    later get it too; numeric options must use Number (tests/test_cli_inputs.py checks)."""
+    for p in cmd.params:
+        if p.type is click.STRING and not getattr(p, "is_flag", False) and p.nargs == 1:
+            p.type = NON_EMPTY
+    if isinstance(cmd, click.Group):
+        for sub in getattr(cmd, "commands", {}).values():
+            harden(sub)
+    return cmd
+
+
+def explicit(*names: str) -> list[str]:
+    """The options among names (parameter names) that the user gave on the command line or in the
+    environment, as their flags (--policy), in the order given; defaults do not count."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:  # called outside a command (a library use): nothing was given explicitly
+        return []
+    from click.core import ParameterSource
+
+    out = []
+    for p in ctx.command.params:
+        if p.name in names and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            out.append(p.opts[0] if p.opts else p.name)
+    return out
+
+
+def conflicts(anchor: str, names: tuple[str, ...] | list[str], why: str) -> None:
+    """Usage error when an option in names was given explicitly alongside anchor (a flag as shown)."""
+    from tilewise.errors import UsageError
+
+    given = explicit(*names)
+    if given:
+        raise UsageError(f"{anchor} cannot be combined with {', '.join(given)}", why)

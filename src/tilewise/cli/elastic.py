@@ -8,12 +8,12 @@ import os
 import click
 
 from tilewise import signals
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import NON_NEGATIVE, PID, SECONDS, conflicts, console, emit_json, json_option, topology_option
 from tilewise.errors import TilewiseError, UsageError
 
 
 @click.command("elastic")
-@click.option("--pid", type=int, default=None, help="Manage this process and everything it spawns.")
+@click.option("--pid", type=PID, default=None, help="Manage this process and everything it spawns.")
 @click.option("--cgroup", "cgroup_path", default=None, metavar="PATH",
               help="Manage the tasks of this cpuset cgroup (a child group of ours is created inside it).")
 @click.option("--instances", "use_instances", is_flag=True, help="Manage each instance of the cluster `tilewise up` started.")
@@ -22,10 +22,10 @@ from tilewise.errors import TilewiseError, UsageError
               help="Which core next: fill a node / round-robin over nodes / node with most of the target's pages.")
 @click.option("--metric", type=click.Choice(["cpu", "traffic"]), default="cpu", show_default=True,
               help="cpu: load of the allocated cores; traffic: remote/local memory traffic (needs uncore counters).")
-@click.option("--th-min", type=float, default=None, help="Release a core at or below this (default 10 %; traffic 0.1).")
-@click.option("--th-max", type=float, default=None, help="Add a core at or above this (default 70 %; traffic 0.4).")
-@click.option("--interval", type=float, default=0.1, show_default=True, help="Seconds between ticks.")
-@click.option("--duration", type=float, default=None, metavar="S", help="Stop after S seconds (default: until the target exits or Ctrl-C).")
+@click.option("--th-min", type=NON_NEGATIVE, default=None, help="Release a core at or below this (default 10 %; traffic 0.1).")
+@click.option("--th-max", type=NON_NEGATIVE, default=None, help="Add a core at or above this (default 70 %; traffic 0.4).")
+@click.option("--interval", type=SECONDS, default=0.1, show_default=True, help="Seconds between ticks.")
+@click.option("--duration", type=SECONDS, default=None, metavar="S", help="Stop after S seconds (default: until the target exits or Ctrl-C).")
 @click.option("--dry-run", is_flag=True, help="Measure and decide, change nothing (with --trace: simulate on --topology).")
 @click.option("--trace", "trace_path", default=None, metavar="FILE", help="With --dry-run: a recorded load trace (CSV time,demand|load or JSON lines).")
 @click.option("--log", "log_path", default=None, metavar="FILE", help="Write every tick's firings as JSON lines.")
@@ -34,7 +34,7 @@ from tilewise.errors import TilewiseError, UsageError
 @click.option("--enforce", type=click.Choice(["auto", "cgroup", "affinity"]), default="auto", show_default=True,
               help="auto: a cpuset cgroup of our own where possible, else sched_setaffinity on every thread.")
 @click.option("--smt", is_flag=True, help="Hand out a core with all its hardware threads (default: one PU per core).")
-@click.option("--pages-interval", type=float, default=1.0, show_default=True, help="adaptive: seconds between numa_maps reads.")
+@click.option("--pages-interval", type=SECONDS, default=1.0, show_default=True, help="adaptive: seconds between numa_maps reads.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print the controller's own CPU cost (per tick and in total).")
 @click.option("--quiet", "-q", is_flag=True, help="Text mode: only the summary, not each core change.")
 @topology_option
@@ -50,15 +50,19 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
     tilewise elastic --dry-run --trace load.csv --topology synthetic:"Package:2 [NUMANode] L3Cache:8 Core:8 PU:2"
     """
     if replay_path:
-        if pid or cgroup_path or use_instances or trace_path:
-            raise UsageError("--replay reads a log; it takes no target", "drop --pid/--cgroup/--instances/--trace")
+        conflicts("--replay", ("pid", "cgroup_path", "use_instances", "cluster_name", "mode", "metric", "th_min", "th_max",
+                               "interval", "duration", "dry_run", "trace_path", "log_path", "enforce", "smt",
+                               "pages_interval", "show_stats", "quiet", "topology_src"),
+                  "--replay only reads a log (and draws it with --plot)")
         return _replay(replay_path, plot_path, as_json)
     if plot_path:
         raise UsageError("--plot draws a log", "use it with --replay LOG")
-    if interval <= 0:
-        raise UsageError("--interval must be positive")
-    if duration is not None and duration <= 0:
-        raise UsageError("--duration must be positive")
+    if cluster_name is not None and not use_instances:
+        raise UsageError("--cluster picks the cluster for --instances", "add --instances, or drop --cluster")
+    if mode != "adaptive":
+        conflicts(f"--mode {mode}", ("pages_interval",), "--pages-interval is for --mode adaptive")
+    if dry_run:
+        conflicts("--dry-run", ("enforce",), "a dry run enforces nothing")
     if metric == "traffic":
         from tilewise.elastic.metrics import traffic_availability
 
@@ -139,14 +143,14 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
     def show(rec: dict) -> None:
         if rec.get("event"):
             if live and rec["event"] == "start":
-                out.print(f"{rec['unit']}: start with 1 of {rec['n_total']} cores (cpus {rec['cpus']}), mode {rec['mode']}, "
+                out.print(f"{rec['unit']}: start with 1 of {rec['n_total']} cores (OS cpus {rec['cpus']}), mode {rec['mode']}, "
                           f"enforcement {rec['enforce']}", markup=False)
             elif live:
                 out.print(f"{rec['unit']}: {rec['event']} at {rec['t']:.2f}s", markup=False)
             return
         if live and rec.get("action") != "none":
             out.print(f"{rec['t']:8.2f}s {rec['unit']}: u={rec['u']:5.1f}% {','.join(rec['transitions'])} "
-                      f"{rec['action']} -> {rec['n_alloc']} cores (cpus {rec['cpus']})", markup=False)
+                      f"{rec['action']} -> {rec['n_alloc']} cores (OS cpus {rec['cpus']})", markup=False)
 
     recs: list[dict] = []
     with _LogSink(log_path) as sink:

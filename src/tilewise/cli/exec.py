@@ -8,7 +8,7 @@ import sys
 import click
 
 from tilewise import allocators, launch, plan, signals, topology
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import INDEX, conflicts, console, emit_json, json_option, topology_option
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import UsageError
 
@@ -16,7 +16,7 @@ from tilewise.errors import UsageError
 @click.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @topology_option
 @plan_options
-@click.option("--instance", "-i", "instance_id", type=int, default=0, show_default=True, help="Which instance of the plan.")
+@click.option("--instance", "-i", "instance_id", type=INDEX, default=0, show_default=True, help="Which instance of the plan.")
 @click.option("--plan", "plan_path", metavar="FILE", help="Use a plan saved by `tilewise plan --save`.")
 @click.option("--allocator", default=None,
               help=f"Preload an allocator: {', '.join(allocators.names())} (default system).")
@@ -45,6 +45,10 @@ def exec_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_thread
     allocator = allocator or "system"
     allocators.get(allocator)
     if plan_path:
+        conflicts("--plan", ("topology_src", "policy", "instances", "mem", "mem_nodes", "smt", "engine_threads",
+                             "working_set", "skewed"),
+                  "a saved plan already fixes the topology, policy, instances and memory policy; "
+                  "drop these options or re-plan with `tilewise plan --save`")
         try:
             with open(plan_path) as f:
                 p = plan.Plan.from_json(json.load(f))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tilewise import cpulist, plan, topology
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, conflicts, console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
 
 
@@ -14,11 +14,11 @@ def plan_options(f):
     opts = [
         click.option("--policy", "-p", default="auto", show_default=True, metavar="POLICY",
                      help="wim, win, wicp, wicp-mixed, wic, spread, n (with --instances), auto."),
-        click.option("--instances", "-k", type=int, default=None, help="Number of instances (policy n)."),
+        click.option("--instances", "-k", type=AT_LEAST_1, default=None, help="Number of instances (policy n)."),
         click.option("--mem", "mem", default=None, metavar="POLICY",
                      help="Memory policy: first-touch, interleave, membind, preferred, local, weighted-interleave "
                           "(Linux 6.9+; default: the policy's)."),
-        click.option("--mem-nodes", default=None, metavar="LIST", help="Override the memory nodes, e.g. 0-1,4 (CXL)."),
+        click.option("--mem-nodes", default=None, metavar="LIST", help="Override the memory nodes: a list (0-1,4) or numactl's forms (all, !1, +0-1)."),
         click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
         click.option("--engine-threads", type=click.Choice(["parallel", "single"]), default="parallel",
                      show_default=True, help="auto: is the engine multi-threaded per instance?"),
@@ -39,7 +39,10 @@ def parse_size(text: str) -> int:
 def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="parallel", working_set=None, skewed=False):
     if instances is not None and policy == "auto":
         policy = "n"
-    nodes = cpulist.parse(mem_nodes, what="--mem-nodes") if mem_nodes else None
+    if policy != "auto":
+        conflicts(f"--policy {policy}", ("engine_threads", "working_set", "skewed"),
+                  "--engine-threads, --working-set and --skewed are hints for --policy auto")
+    nodes = cpulist.parse_set(mem_nodes, topology.allowed_nodes(t), what="--mem-nodes") if mem_nodes is not None else None
     ws = parse_size(working_set) if working_set else None
     hints = plan.AutoHints(engine_threads, ws, skewed)
     return plan.plan(t, policy, instances=instances, mem=mem, smt=smt, mem_nodes=nodes, hints=hints)
@@ -78,7 +81,7 @@ def print_plan(p, t) -> None:
     for r in p.reasons:
         out.print(f"  because {r}", markup=False)
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("instance", "cores", "cpus", "NUMA", "L3", "memory"):
+    for col in ("instance", "cores", "cpus (P#)", "NUMA (P#)", "L3 (L#)", "memory (P#)"):
         table.add_column(col, overflow="fold")
     shown = p.instances if len(p.instances) <= 64 else p.instances[:64]
     for i in shown:
@@ -90,3 +93,4 @@ def print_plan(p, t) -> None:
         out.print(f"... {len(p.instances) - len(shown)} more instances (use --json for all)")
     for n in p.notes:
         out.print(f"note: {n}", markup=False)
+    out.print("P#: OS indexes (CPU and node numbers as the kernel numbers them); L#: logical (hwloc's order)", markup=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tilewise import cpulist
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, Number, console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
 
 cpus_option = click.option("--cpus", "cpus_text", metavar="LIST",
@@ -97,8 +97,8 @@ def _pair_warnings(doc, modes) -> list[str]:
 @topology_option
 @cpus_option
 @full_option
-@click.option("--samples", type=click.IntRange(1), default=100, show_default=True, help="Timed batches per pair and mode.")
-@click.option("--iters", type=click.IntRange(1), default=200, show_default=True, help="Round trips per batch.")
+@click.option("--samples", type=AT_LEAST_1, default=100, show_default=True, help="Timed batches per pair and mode.")
+@click.option("--iters", type=AT_LEAST_1, default=200, show_default=True, help="Round trips per batch.")
 @click.option("--modes", default="cas,rw", show_default=True, help="cas (compare-and-swap), rw (writer/reader).")
 @json_option
 @out_option
@@ -118,7 +118,7 @@ def latency(topology_src, cpus_text, full, samples, iters, modes, as_json, out_d
 @cpus_option
 @full_option
 @click.option("--size", "size_text", default="256KiB", show_default=True, help="Buffer moved per round (fits the writer's L2 by default).")
-@click.option("--samples", type=click.IntRange(1), default=50, show_default=True, help="Timed transfers per pair.")
+@click.option("--samples", type=AT_LEAST_1, default=50, show_default=True, help="Timed transfers per pair.")
 @json_option
 @out_option
 def bandwidth(topology_src, cpus_text, full, size_text, samples, as_json, out_dir):
@@ -147,8 +147,8 @@ def _size(text: str, flag: str) -> int:
               help="Deployment layouts to compare (one process per instance).")
 @click.option("--sizes", "sizes_text", default=None, metavar="LIST",
               help="Sizes of one array over all processes, e.g. 1MB,16MB,256MB (default: 4x the L3 of the CPUs used).")
-@click.option("--ntimes", type=click.IntRange(2), default=10, show_default=True, help="Repetitions per run (the first is a warm-up).")
-@click.option("--runs", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--ntimes", type=Number(integer=True, min=2), default=10, show_default=True, help="Repetitions per run (the first is a warm-up).")
+@click.option("--runs", type=AT_LEAST_1, default=1, show_default=True,
               help="Runs of every case, interleaved; figures are the median over runs.")
 @click.option("--smt", is_flag=True, help="Use SMT siblings too (default: one thread per physical core).")
 @click.option("--compare-likwid", is_flag=True, help="Also run likwid-bench copy on the same number of threads and show both.")

@@ -9,6 +9,9 @@ from tilewise.cli.common import console, emit_json, json_option, topology_option
 from tilewise.topology import hwloc_xml, render
 
 
+INDEX_LEGEND = "indexes: L# logical (hwloc's order), P# OS; cpu lists are OS CPU numbers (P#)"
+
+
 @click.command("topo")
 @topology_option
 @json_option
@@ -33,7 +36,7 @@ def topo(topology_src, as_json, export_path, measure):
             doc["measure_notes"] = notes
         emit_json(doc)
         return
-    lines = render.tree_lines(t) + [render.summary_line(t)] + notes  # plain text: no rich import here
+    lines = render.tree_lines(t) + [render.summary_line(t), INDEX_LEGEND] + notes  # plain text: no rich import here
     if export_path:
         lines.append(f"exported hwloc XML to {export_path}")
     click.echo("\n".join(lines))

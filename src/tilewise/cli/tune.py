@@ -11,7 +11,7 @@ import shlex
 import click
 
 from tilewise import allocators, topology
-from tilewise.cli.common import console, emit_json, json_option
+from tilewise.cli.common import AT_LEAST_1, INDEX, SECONDS, conflicts, console, emit_json, json_option
 from tilewise.cli.workload import make_params, os_options, workload_options
 from tilewise.errors import UsageError
 
@@ -24,13 +24,13 @@ from tilewise.errors import UsageError
 @click.option("--mem", "mem_list", default="first-touch,interleave", show_default=True, metavar="LIST",
               help="Memory policies: first-touch, interleave[:NODES], local, preferred[:N], membind[:NODES].")
 @click.option("--placements", default="none", show_default=True, metavar="LIST", help="none, sparse, dense.")
-@click.option("--repeat", "-r", type=int, default=3, show_default=True, help="Measured runs per configuration.")
-@click.option("--warmup", type=int, default=0, show_default=True, help="Unmeasured runs per configuration first.")
+@click.option("--repeat", "-r", type=AT_LEAST_1, default=3, show_default=True, help="Measured runs per configuration.")
+@click.option("--warmup", type=INDEX, default=0, show_default=True, help="Unmeasured runs per configuration first.")
 @click.option("--out", "out_dir", default="tune-results", show_default=True, metavar="DIR",
               help="results.json, results.csv, fig6.png, tuned.json go here.")
 @os_options
 @click.option("--restore", is_flag=True, help="Only undo what runs killed hard left changed (same as `tilewise restore`), then exit.")
-@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds per run before it is stopped.")
+@click.option("--timeout", type=SECONDS, default=600, show_default=True, help="Seconds per run before it is stopped.")
 @json_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale,
@@ -49,6 +49,12 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
 
     osw = OsSwitches(os_root)
     if restore:
+        conflicts("--restore", ("workload_name", "dataset", "records", "groups", "zipf_exponent", "ratio", "ops", "slots",
+                                "threads", "seed", "paper_scale", "alloc_list", "mem_list", "placements", "repeat",
+                                "warmup", "out_dir", "apply_os", "thp", "autonuma", "timeout"),
+                  "--restore only undoes what a crashed run left, then exits")
+        if command:
+            raise UsageError("--restore takes no command", "run `tilewise tune --restore` alone")
         from tilewise.cli.restore import restore_report
 
         restore_report(as_json)
@@ -85,8 +91,6 @@ def tune_cmd(workload_name, dataset, records, groups, zipf_exponent, ratio, ops,
     if not allocs or not mems or not places:
         raise UsageError("the grid is empty", "give at least one allocator, memory policy and placement")
     grid = sweep.build_grid(allocs, mems, places, thps, ans)
-    if repeat < 1:
-        raise UsageError("--repeat must be at least 1")
 
     from tilewise.environment import system_check
     from tilewise.results import report

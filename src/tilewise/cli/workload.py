@@ -5,35 +5,10 @@ from __future__ import annotations
 import click
 
 from tilewise import allocators, topology
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
 
 WORKLOAD_NAMES = ("W1", "W2", "W3", "W4", "alloc")
-
-
-class Count(click.ParamType):
-    """A positive count: 1000000, 1e6, 1M, 100K, 2G (decimal multipliers)."""
-
-    name = "N"
-    MULT = {"k": 10**3, "m": 10**6, "g": 10**9}
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().lower().replace("_", "")
-        try:
-            if text and text[-1] in self.MULT:
-                n = float(text[:-1]) * self.MULT[text[-1]]
-            else:
-                n = float(text)
-        except ValueError:
-            self.fail(f"{value!r} is not a count (e.g. 1000000, 1e6, 10M)", param, ctx)
-        if n != int(n) or n < 1:
-            self.fail(f"{value!r} must be a whole number of at least 1", param, ctx)
-        return int(n)
-
-
-COUNT = Count()
 
 
 def workload_options(f):
@@ -43,12 +18,12 @@ def workload_options(f):
         click.option("--records", type=COUNT, default=None,
                      help="W1/W2: input records (default 10M); W3/W4: build-side rows (default 1M, probe = ratio x)."),
         click.option("--groups", type=COUNT, default=None, help="W1/W2: group-by cardinality (default 100K)."),
-        click.option("--zipf-exponent", type=float, default=None, help="zipf dataset exponent (default 0.5)."),
-        click.option("--ratio", type=int, default=None, help="W3/W4: probe rows per build row (default 16)."),
+        click.option("--zipf-exponent", type=NON_NEGATIVE, default=None, help="zipf dataset exponent (default 0.5)."),
+        click.option("--ratio", type=AT_LEAST_1, default=None, help="W3/W4: probe rows per build row (default 16)."),
         click.option("--ops", type=COUNT, default=None, help="alloc: operations per thread (default 5M)."),
         click.option("--slots", type=COUNT, default=None, help="alloc: live-block slots per thread (default 200K)."),
-        click.option("--threads", "-t", type=int, default=None, help="Worker threads (default: the CPUs allowed)."),
-        click.option("--seed", type=int, default=None, help="Dataset seed (default 42)."),
+        click.option("--threads", "-t", type=AT_LEAST_1, default=None, help="Worker threads (default: the CPUs allowed)."),
+        click.option("--seed", type=SEED, default=None, help="Dataset seed (default 42)."),
         click.option("--paper-scale", is_flag=True, help="The paper's sizes: 100M/1M (W1, W2), 16M x 256M (W3, W4), 100M ops (alloc)."),
     ]
     for o in reversed(opts):
@@ -91,7 +66,7 @@ def os_options(f):
               help="Thread placement inside the process (default none: the OS schedules).")
 @click.option("--config", "config_path", metavar="FILE", help="A configuration written by `tilewise tune` (flags win).")
 @os_options
-@click.option("--timeout", type=float, default=600, show_default=True, help="Seconds before the run is stopped.")
+@click.option("--timeout", type=SECONDS, default=600, show_default=True, help="Seconds before the run is stopped.")
 @click.option("--dry-run", is_flag=True, help="Print the command, binding and per-thread CPUs; run nothing.")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
               help="Also write results.json (the results model; compare runs with `tilewise report`).")

@@ -18,6 +18,8 @@ from tilewise.errors import TilewiseError, UsageError
 MANIFEST = store.MANIFEST
 MANIFEST_FORMAT = "tilewise-tpch-data/1"
 PARQUET_BYTES_PER_SF = 355e6  # tpchgen-cli's Parquet at SF 1, all 8 tables (for the progress bar)
+MIN_SF = 0.0001  # the smallest table that scales, supplier, has 10000 x SF rows: below this it is empty
+MAX_SF = 100000.0  # the largest scale factor TPC-H defines
 
 
 def default_root() -> Path:
@@ -35,6 +37,11 @@ def check_sf(sf) -> float:
         raise UsageError(f"scale factor {sf!r} is not a number", "use e.g. --sf 1 or --sf 0.01") from None
     if not v > 0 or v != v or v == float("inf"):
         raise UsageError(f"scale factor must be > 0, got {sf}", "use e.g. --sf 1 or --sf 0.01")
+    if v < MIN_SF * (1 - 1e-9):
+        raise UsageError(f"scale factor {sf} leaves the supplier table empty (10000 x SF rows)",
+                         f"use --sf {MIN_SF:g} or more")
+    if v > MAX_SF:
+        raise UsageError(f"scale factor {sf} is beyond TPC-H's largest ({MAX_SF:g})", "use e.g. --sf 1 or --sf 100")
     return v
 
 

@@ -94,7 +94,7 @@ def choose_cpus(t: Topology, cpus_text: str | None, *, smt: bool = True) -> tupl
     if t.allowed_cpus is not None:
         allowed &= set(t.allowed_cpus)
     if cpus_text:
-        cpus = cpulist.parse(cpus_text, what="--cpus")
+        cpus = cpulist.parse_set(cpus_text, sorted(allowed), what="--cpus")
         unknown = [c for c in cpus if c not in t.core_of_cpu]
         if unknown:
             raise UsageError(f"--cpus {cpulist.format(unknown)}: not CPUs of this machine",

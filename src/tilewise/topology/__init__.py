@@ -11,14 +11,17 @@ import os
 from tilewise.errors import UsageError
 from tilewise.topology.model import Core, L3Domain, NumaNode, Package, Topology
 
-__all__ = ["Core", "L3Domain", "NumaNode", "Package", "Topology", "load", "is_live"]
+__all__ = ["Core", "L3Domain", "NumaNode", "Package", "Topology", "load", "is_live", "allowed_nodes"]
 
 
 def load(src: str | os.PathLike | None = None) -> Topology:
     from tilewise.topology import hwloc_xml, synthetic, sysfs
 
-    if src is None or str(src) in ("", "live", "this"):
+    if src is None or str(src) in ("live", "this"):
         return sysfs.load_live()
+    if not str(src).strip():
+        raise UsageError("empty topology source", "give an hwloc XML file, sysfs:<dir> or synthetic:<description>, "
+                         "or leave --topology out for this machine")
     s = str(src)
     if s.startswith("synthetic:"):
         return synthetic.load(s[len("synthetic:"):])
@@ -38,3 +41,21 @@ def load(src: str | os.PathLike | None = None) -> Topology:
 
 def is_live(t: Topology) -> bool:
     return t.source.startswith("sysfs:/sys/devices/system")
+
+
+def allowed_nodes(t: Topology, status_path: str = "/proc/self/status") -> tuple[int, ...]:
+    """The NUMA nodes a node set may name: on this machine the ones this process's cpuset allows
+    (Mems_allowed_list), on a loaded topology all of them. numactl's `all`, `!N` and `+N` are relative
+    to this set."""
+    from tilewise import cpulist
+
+    ids = tuple(n.id for n in t.numa_nodes)
+    if not is_live(t):
+        return ids
+    try:
+        with open(status_path) as f:
+            line = next((ln for ln in f if ln.startswith("Mems_allowed_list:")), "")
+        mems = set(cpulist.parse(line.partition(":")[2], what="Mems_allowed_list"))
+    except (OSError, UsageError):
+        return ids
+    return tuple(i for i in ids if i in mems) or ids

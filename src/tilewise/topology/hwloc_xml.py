@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 
 from tilewise.fsutil import atomic_write
 from tilewise import cpulist
+from tilewise.cpulist import is_number as _digits
 from tilewise.errors import UsageError
 from tilewise.topology.build import RawNode, RawPU, build
 from tilewise.topology.model import Topology
@@ -49,13 +50,33 @@ def _is_cpuless(node: ET.Element) -> bool:
     return node.get("subtype", infos.get("subtype", "")) in CPULESS_SUBTYPES
 
 
+def _int(obj: ET.Element, attr: str, default: int | None, where: str, *, limit: int = 1 << 62) -> int:
+    """A non-negative integer attribute; a missing one is default, a malformed one an error."""
+    raw = obj.get(attr)
+    if raw is None or (raw.strip() == "" and default is not None):
+        if default is None:
+            raise UsageError(f"{where}: {_type(obj) or 'an object'} without {attr}", "produce it with `lstopo --of xml FILE`")
+        return default
+    text = raw.strip()
+    if not _digits(text) or len(text) > 20 or int(text) > limit:
+        raise UsageError(f"{where}: {_type(obj) or 'an object'} has a malformed {attr}={raw[:40]!r}",
+                         "expected a non-negative integer; produce the file with `lstopo --of xml FILE`")
+    return int(text)
+
+
+def _index(obj: ET.Element, attr: str, default: int | None, where: str) -> int:
+    return _int(obj, attr, default, where, limit=cpulist.MAX_ID - 1)
+
+
 def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
     source = str(path)
     try:
         root = ET.fromstring(text) if text is not None else ET.parse(path).getroot()
     except FileNotFoundError:
         raise UsageError(f"topology file {path} does not exist") from None
-    except (ET.ParseError, OSError) as e:
+    except IsADirectoryError:
+        raise UsageError(f"topology file {path} is a directory", "give sysfs:<dir> for a saved sysfs copy") from None
+    except (ET.ParseError, OSError, ValueError, UnicodeError) as e:
         raise UsageError(f"{path} is not valid hwloc XML: {e}", "produce it with `lstopo --of xml FILE`") from None
     if root.tag != "topology":
         raise UsageError(f"{path} is not hwloc XML (root element <{root.tag}>)", "produce it with `lstopo --of xml FILE`")
@@ -68,13 +89,13 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
     l3_sizes: dict = {}
     gp_to_os: dict[str, int] = {}
     cpuless_nodes: set[int] = set()
+    packages_with_memory = _packages_have_memory(machine)
 
     def add_node(obj: ET.Element, cpuless: bool, package: int | None) -> int:
-        try:
-            nid = int(obj.get("os_index", len(nodes)))
-        except ValueError:
-            raise UsageError(f"{path}: NUMANode with bad os_index") from None
-        mem = int(obj.get("local_memory", "0") or 0)
+        nid = _index(obj, "os_index", len(nodes), f"{path}: NUMANode")
+        if nid in nodes:
+            raise UsageError(f"{path}: two NUMA nodes with os_index {nid}")
+        mem = _int(obj, "local_memory", 0, f"{path}: NUMANode P#{nid}")
         kind = KIND_OF_SUBTYPE.get(obj.get("subtype", _infos(obj).get("subtype", "")))
         if cpuless:
             cpuless_nodes.add(nid)
@@ -84,26 +105,26 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
             gp_to_os[obj.get("gp_index")] = nid
         return nid
 
-    def walk(obj: ET.Element, ctx: dict, depth: int) -> None:
+    def visit(obj: ET.Element, ctx: dict) -> list[ET.Element]:
+        """Record obj (ctx is its own copy) and return the children to visit under it."""
         typ = _type(obj)
-        ctx = dict(ctx)
         children = [c for c in obj if c.tag == "object"]
         if typ == "Package":
-            ctx["package"] = int(obj.get("os_index", ctx.get("package_seq", 0)))
+            ctx["package"] = _index(obj, "os_index", 0, f"{path}: Package")
         # hwloc 2.x: NUMA nodes are memory children (possibly under MemCache objects).
         mem_children = []
-        stack = list(children)
+        stack = list(reversed(children))
         while stack:
-            c = stack.pop(0)
+            c = stack.pop()
             if _type(c) == "NUMANode" and not any(_type(g) not in ("NUMANode",) for g in c if g.tag == "object"):
                 mem_children.append(c)
             elif _type(c) == "MemCache":
-                stack.extend(g for g in c if g.tag == "object")
+                stack.extend(reversed([g for g in c if g.tag == "object"]))
         if mem_children:
             has_cpu_children = any(_type(c) not in ("NUMANode", "MemCache", "Bridge", "PCIDev", "OSDev", "Misc") for c in children)
             # Memory attached to the Machine while packages hold their own nodes is CPU-less (CXL).
-            cpu_node_taken = not has_cpu_children or (typ == "Machine" and _packages_have_memory(obj))
-            for m in sorted(mem_children, key=lambda m: int(m.get("os_index", 0))):
+            cpu_node_taken = not has_cpu_children or (typ == "Machine" and packages_with_memory)
+            for m in sorted(mem_children, key=lambda m: _index(m, "os_index", 0, f"{path}: NUMANode")):
                 cpuless = cpu_node_taken or _is_cpuless(m)
                 nid = add_node(m, cpuless, ctx.get("package"))
                 if not cpuless:
@@ -115,27 +136,33 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
             piece = _infos(obj).get(L3_PIECE_INFO)
             key = ("l3", id(obj)) if piece is None else ("l3-piece", piece)
             ctx["l3"] = key
-            l3_sizes[key] = int(obj.get("cache_size", "0") or 0)
+            l3_sizes[key] = _int(obj, "cache_size", 0, f"{path}: L3Cache")
         if typ == "Core":
             ctx["core"] = ("core", id(obj))
-            ctx["core_os"] = int(obj.get("os_index", "0") or 0)
+            ctx["core_os"] = _index(obj, "os_index", 0, f"{path}: Core")
         if typ == "PU":
-            cpu = int(obj.get("os_index", "-1"))
-            if cpu < 0:
-                raise UsageError(f"{path}: PU without os_index")
+            cpu = _index(obj, "os_index", None, f"{path}: PU")
             if "node" not in ctx:
                 raise UsageError(f"{path}: PU P#{cpu} has no NUMA node above it", "is this hwloc 2.x XML?")
             core = ctx.get("core", ("pu", cpu))
             pus.append(RawPU(cpu, ctx.get("package", 0), core, ctx.get("core_os", cpu), ctx["node"], ctx.get("l3")))
-            return
-        for c in children:
-            if c in mem_children:
-                continue
-            walk(c, ctx, depth + 1)
+            return []
+        return [c for c in children if c not in mem_children]
 
-    walk(machine, {}, 0)
+    # depth-first with an explicit stack: any nesting depth, no recursion
+    todo: list[tuple[ET.Element, dict]] = [(machine, {})]
+    while todo:
+        obj, ctx = todo.pop()
+        ctx = dict(ctx)
+        for c in reversed(visit(obj, ctx)):
+            todo.append((c, ctx))
     if not pus:
         raise UsageError(f"{path} describes no PUs", "produce it with `lstopo --of xml FILE`")
+    seen: set[int] = set()
+    for p in pus:
+        if p.cpu in seen:
+            raise UsageError(f"{path}: two PUs with os_index {p.cpu}", "produce it with `lstopo --of xml FILE`")
+        seen.add(p.cpu)
 
     allowed = None
     if machine.get("allowed_cpuset"):
@@ -145,20 +172,29 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
     distances = None
     measurements: dict = {}
     for d in root.iter("distances2"):
+        where = f"{path}: distances2 matrix {d.get('name', '')!r}".replace(" ''", "")
         indexes = [x for x in (d.findtext("indexes") or "").split()]
-        values = [int(v) for v in " ".join(e.text or "" for e in d.findall("u64values")).split()]
-        n = int(d.get("nbobjs", "0"))
+        words = " ".join(e.text or "" for e in d.findall("u64values")).split()
+        if not all(_digits(w) and len(w) <= 20 for w in words):
+            raise UsageError(f"{where}: values must be non-negative integers")
+        values = [int(v) for v in words]
+        n = _int(d, "nbobjs", 0, where)
         if len(indexes) != n or len(values) != n * n:
-            raise UsageError(f"{path}: malformed distances2 matrix ({len(indexes)} indexes, {len(values)} values for {n} objects)")
+            raise UsageError(f"{where}: malformed ({len(indexes)} indexes, {len(values)} values for {n} objects)")
         rows = [values[i * n:(i + 1) * n] for i in range(n)]
         name = d.get("name", "")
         if d.get("type") == "NUMANode" and not name.startswith(MEASURE_PREFIX):
-            ids = [gp_to_os[i] if d.get("indexing") == "gp" else int(i) for i in indexes]
+            try:
+                ids = [gp_to_os[i] if d.get("indexing") == "gp" else int(i) for i in indexes]
+            except (KeyError, ValueError):
+                raise UsageError(f"{where}: indexes {' '.join(indexes)[:60]!r} do not name NUMA nodes") from None
             if sorted(ids) == node_ids:
                 pos = {nid: k for k, nid in enumerate(ids)}
                 distances = [[rows[pos[a]][pos[b]] for b in node_ids] for a in node_ids]
         elif name.startswith(MEASURE_PREFIX) and d.get("type") == "PU":
             key = name[len(MEASURE_PREFIX):]
+            if not all(_digits(i) and int(i) in seen for i in indexes) or len(set(indexes)) != len(indexes):
+                raise UsageError(f"{where}: indexes must be distinct PUs of this topology")
             measurements[key] = {
                 "cpus": [int(i) for i in indexes],
                 "values": [[v / MEASURE_SCALE for v in r] for r in rows],
@@ -170,10 +206,15 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
 
 
 def _packages_have_memory(machine: ET.Element) -> bool:
-    for pkg in machine.iter("object"):
-        if _type(pkg) == "Package":
-            if any(_type(o) == "NUMANode" for o in pkg.iter("object")):
-                return True
+    """True when a NUMANode lies somewhere below a Package (one pass over the tree, any depth)."""
+    todo = [(machine, False)]
+    while todo:
+        obj, in_pkg = todo.pop()
+        typ = _type(obj)
+        if in_pkg and typ == "NUMANode":
+            return True
+        below = in_pkg or typ == "Package"
+        todo.extend((c, below) for c in obj if c.tag == "object")
     return False
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 
+from tilewise.cpulist import is_number as _digits
 from tilewise.errors import UsageError
 from tilewise.topology.build import RawNode, RawPU, build
 from tilewise.topology.model import Topology
@@ -52,11 +54,25 @@ class _Level:
     memory: list[dict] = field(default_factory=list)  # [NUMANode] attached to each object here
 
 
+MAX_BYTES = 1 << 62  # beyond any machine's memory or cache
+MAX_DESC = 10_000  # characters in a description
+
+
 def _parse_size(value: str, desc: str) -> int:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", value.strip())
+    m = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([A-Za-z]*)", value.strip())
     if not m or m.group(2).upper() not in _UNITS:
         raise UsageError(f"bad size {value!r} in synthetic description {desc!r}", "use e.g. 32MB or 256GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    n = int(Decimal(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n > MAX_BYTES:
+        raise UsageError(f"size {value!r} in synthetic description {desc!r} is beyond any machine", "use e.g. 32MB or 256GiB")
+    return n
+
+
+def _small_int(text: str, what: str, desc: str) -> int:
+    text = text.strip()
+    if not _digits(text) or len(text) > 7:
+        raise UsageError(f"bad {what} {text!r} in synthetic description {desc!r}", "at most 65536 PUs are supported")
+    return int(text)
 
 
 def _parse_attrs(text: str | None, desc: str) -> dict:
@@ -66,8 +82,8 @@ def _parse_attrs(text: str | None, desc: str) -> dict:
     for part in text.split(","):
         if "=" not in part:
             # continuation of an indexes list
-            if "indexes" in out and part.strip().isdigit():
-                out["indexes"].append(int(part))
+            if "indexes" in out and _digits(part.strip()):
+                out["indexes"].append(_small_int(part, "PU index", desc))
                 continue
             raise UsageError(f"bad attribute {part!r} in synthetic description {desc!r}")
         key, _, value = part.partition("=")
@@ -75,19 +91,22 @@ def _parse_attrs(text: str | None, desc: str) -> dict:
         if key in ("memory", "size"):
             out[key] = _parse_size(value, desc)
         elif key == "indexes":
-            if not value.strip().isdigit():
+            if not _digits(value.strip()):
                 raise UsageError(
                     f"unsupported indexes={value!r} in synthetic description {desc!r}",
                     "give an explicit list, e.g. PU:2(indexes=0,4,1,5,2,6,3,7)",
                 )
-            out["indexes"] = [int(value)]
+            out["indexes"] = [_small_int(value, "PU index", desc)]
         else:
             out[key] = value.strip()  # hwloc's other attributes (type, associativity...) are ignored
     return out
 
 
 def parse_levels(desc: str) -> tuple[list[dict], list[_Level]]:
-    tokens = re.findall(r"\[[^\]]*\]|[^\s\[]+\([^)]*\)|[^\s\[]+", desc)
+    if len(desc) > MAX_DESC:
+        raise UsageError(f"synthetic description of {len(desc)} characters", f"at most {MAX_DESC} are supported")
+    # linear in the text: no alternative scans past the next bracket, so no input backtracks
+    tokens = re.findall(r"\[[^\[\]]*\]|[^\s\[(]+(?:\([^()]*\))?|\S", desc)
     if not tokens:
         raise UsageError("empty synthetic description", "e.g. synthetic:Package:2 [NUMANode] L3Cache:8 Core:8 PU:2")
     machine_memory: list[dict] = []
@@ -103,7 +122,7 @@ def parse_levels(desc: str) -> tuple[list[dict], list[_Level]]:
         if not m or m.group(1).lower() not in _TYPES:
             raise UsageError(f"bad level {tok!r} in synthetic description {desc!r}", "levels look like Package:2, L3Cache:8, Core:8, PU:2")
         typ = _TYPES[m.group(1).lower()]
-        count = int(m.group(2))
+        count = _small_int(m.group(2), "count", desc)
         if count < 1:
             raise UsageError(f"level {tok!r} needs a count of at least 1")
         if typ == "Machine":
@@ -145,43 +164,45 @@ def load(desc: str) -> Topology:
         raw_nodes.append(RawNode(nid, memory, (), package, None if with_cpus else "memory"))
         return nid
 
-    def walk(depth: int, ctx: dict) -> None:
-        lv = levels[depth]
-        for i in range(lv.count):
-            c = dict(ctx)
-            idx = c["counters"][depth]
-            c["counters"][depth] += 1
-            if lv.type == "Package":
-                c["package"] = idx
-            elif lv.type == "NUMANode":  # as hwloc: a NUMANode level defaults to 1 GiB per node
-                c["node"] = new_node({"memory": IMPLICIT_NODE_MEMORY} | lv.attrs, True, c.get("package"))
-            elif lv.type == "L3Cache":
-                c["l3"] = ("l3", idx)
-                l3_sizes[c["l3"]] = lv.attrs.get("size", DEFAULT_L3)
-            elif lv.type == "Core":
-                c["core"] = ("core", idx)
-            elif lv.type == "PU":
-                logical = idx
-                cpu = pu_indexes[logical] if pu_indexes is not None else logical
-                core = c.get("core", ("pu", logical))
-                pus.append(RawPU(cpu, c.get("package", 0), core, core[1], c["node"], c.get("l3")))
-                continue
-            for j, attrs in enumerate(lv.memory):
-                nid = new_node(attrs, j == 0, c.get("package"))
-                if j == 0:
-                    c["node"] = nid
-            walk(depth + 1, c)
-
     ctx: dict = {"counters": [0] * len(levels)}
     for j, attrs in enumerate(machine_memory):
         nid = new_node(attrs, j == 0, None)
         if j == 0:
             ctx["node"] = nid
-    try:
-        walk(0, ctx)
-    except KeyError:
-        raise UsageError(
-            f"synthetic description {desc!r} has PUs outside any NUMA node",
-            "attach [NUMANode] to a level above the PUs, or to none at all",
-        ) from None
+    # depth-first over the levels with an explicit stack (any number of levels, no recursion);
+    # objects are numbered per level in the order hwloc numbers them
+    todo: list[tuple[int, dict, int]] = [(0, ctx, 0)]  # (level, parent's context, which child next)
+    while todo:
+        depth, parent, i = todo.pop()
+        lv = levels[depth]
+        if i >= lv.count:
+            continue
+        todo.append((depth, parent, i + 1))  # the next sibling, after this one's subtree
+        c = dict(parent)
+        idx = c["counters"][depth]
+        c["counters"][depth] += 1
+        if lv.type == "Package":
+            c["package"] = idx
+        elif lv.type == "NUMANode":  # as hwloc: a NUMANode level defaults to 1 GiB per node
+            c["node"] = new_node({"memory": IMPLICIT_NODE_MEMORY} | lv.attrs, True, c.get("package"))
+        elif lv.type == "L3Cache":
+            c["l3"] = ("l3", idx)
+            l3_sizes[c["l3"]] = lv.attrs.get("size", DEFAULT_L3)
+        elif lv.type == "Core":
+            c["core"] = ("core", idx)
+        elif lv.type == "PU":
+            cpu = pu_indexes[idx] if pu_indexes is not None else idx
+            core = c.get("core", ("pu", idx))
+            if "node" not in c:
+                raise UsageError(
+                    f"synthetic description {desc!r} has PUs outside any NUMA node",
+                    "attach [NUMANode] to a level above the PUs, or to none at all",
+                )
+            pus.append(RawPU(cpu, c.get("package", 0), core, core[1], c["node"], c.get("l3")))
+            continue
+        for j, attrs in enumerate(lv.memory):
+            nid = new_node(attrs, j == 0, c.get("package"))
+            if j == 0:
+                c["node"] = nid
+        todo.append((depth + 1, c, 0))
     return build(pus, raw_nodes, distances=None, l3_sizes=l3_sizes, source=f"synthetic:{desc}")

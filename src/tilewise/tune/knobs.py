@@ -117,15 +117,17 @@ def memory_nodes(topo) -> tuple[int, ...]:
 
 def parse_mem(spec: str, topo) -> tuple[str, tuple[int, ...]]:
     """'interleave', 'interleave:0-1', 'preferred:0', 'membind:1', 'local', 'first-touch'."""
-    name, _, nodes_text = spec.partition(":")
+    name, sep, nodes_text = spec.partition(":")
     policy = _norm_mem(name)
     known = {n.id for n in topo.numa_nodes}
     if policy in ("first-touch", "local"):
-        if nodes_text:
+        if sep:
             raise UsageError(f"memory policy {policy} takes no nodes ({spec!r})")
         return policy, ()
-    if nodes_text:
-        nodes = cpulist.parse(nodes_text, what=f"node list of {spec!r}")
+    if sep:
+        from tilewise.topology import allowed_nodes
+
+        nodes = cpulist.parse_set(nodes_text, allowed_nodes(topo), what=f"node list of {spec!r}")
     elif policy == "preferred":
         nodes = (topo.cpu_nodes[0].id if topo.cpu_nodes else topo.numa_nodes[0].id,)
     else:
@@ -145,7 +147,7 @@ def split_list(text: str) -> list[str]:
     for tok in (t.strip() for t in text.split(",")):
         if not tok:
             continue
-        if out and re.fullmatch(r"[0-9]+(-[0-9]+)?", tok) and ":" in out[-1]:
+        if out and re.fullmatch(r"(\d+|N)(-(\d+|N)(:\d+/\d+)?)?", tok) and ":" in out[-1]:
             out[-1] += "," + tok
         else:
             out.append(tok)
