@@ -36,10 +36,11 @@ class Number(click.ParamType):
         if integer and max is None:
             self.max = self.INT_MAX
 
-    def _range(self) -> str:
+    def _range(self, above: bool = False) -> str:
         fmt = "d" if self.integer else "g"
         lo = None if self.min is None else f"{'>' if self.min_open else '>='} {self.min:{fmt}}"
-        hi = None if self.max is None or self.max == self.INT_MAX else f"{'<' if self.max_open else '<='} {self.max:{fmt}}"
+        hi = None if self.max is None or (self.max == self.INT_MAX and not above) else \
+            f"{'<' if self.max_open else '<='} {self.max:{fmt}}"
         return " and ".join(x for x in (lo, hi) if x)
 
     def convert(self, value, param, ctx):
@@ -67,7 +68,7 @@ class Number(click.ParamType):
         low = self.min is not None and (v <= self.min if self.min_open else v < self.min)
         high = self.max is not None and (v >= self.max if self.max_open else v > self.max)
         if low or high:
-            self.fail(f"{value!r} is out of range: it must be {self._range()}", param, ctx)
+            self.fail(f"{value!r} is out of range: it must be {self._range(above=high)}", param, ctx)
         return v
 
 
@@ -125,6 +126,22 @@ class ProgressBars:
 
     def message(self, text: str) -> None:
         self.progress.console.print(text, markup=False, highlight=False)
+
+
+def parse_size(text: str, flag: str, *, minimum: int = 1) -> int:
+    """A byte size in hwloc's units (64MB, 1GiB: KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024),
+    at least minimum bytes."""
+    from tilewise.errors import UsageError
+    from tilewise.topology.synthetic import _parse_size
+
+    try:
+        n = _parse_size(text, flag)
+    except UsageError:
+        raise UsageError(f"{flag}: bad size {text!r}", "use e.g. 64MB, 1GiB (KB/MB/GB are powers of 1000)") from None
+    if n < minimum:
+        raise UsageError(f"{flag} {text}: at least {minimum} bytes" if minimum > 1 else f"{flag} {text}: must be more than 0 bytes",
+                         "use e.g. 64MB, 1GiB")
+    return n
 
 
 class NonEmpty(click.ParamType):

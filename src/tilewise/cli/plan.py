@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tilewise import cpulist, plan, topology
-from tilewise.cli.common import AT_LEAST_1, conflicts, console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, conflicts, console, emit_json, json_option, parse_size, topology_option
 from tilewise.errors import UsageError
 
 
@@ -30,12 +30,6 @@ def plan_options(f):
     return f
 
 
-def parse_size(text: str) -> int:
-    from tilewise.topology.synthetic import _parse_size
-
-    return _parse_size(text, "--working-set")
-
-
 def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="parallel", working_set=None, skewed=False):
     if instances is not None and policy == "auto":
         policy = "n"
@@ -43,7 +37,7 @@ def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="paralle
         conflicts(f"--policy {policy}", ("engine_threads", "working_set", "skewed"),
                   "--engine-threads, --working-set and --skewed are hints for --policy auto")
     nodes = cpulist.parse_set(mem_nodes, topology.allowed_nodes(t), what="--mem-nodes") if mem_nodes is not None else None
-    ws = parse_size(working_set) if working_set else None
+    ws = parse_size(working_set, "--working-set") if working_set is not None else None
     hints = plan.AutoHints(engine_threads, ws, skewed)
     return plan.plan(t, policy, instances=instances, mem=mem, smt=smt, mem_nodes=nodes, hints=hints)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tilewise import cpulist
-from tilewise.cli.common import AT_LEAST_1, Number, console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, Number, console, emit_json, json_option, parse_size, topology_option
 from tilewise.errors import UsageError
 
 cpus_option = click.option("--cpus", "cpus_text", metavar="LIST",
@@ -125,19 +125,8 @@ def bandwidth(topology_src, cpus_text, full, size_text, samples, as_json, out_di
     """Core-to-core bandwidth: one CPU writes a buffer, the other reads it; GB/s per pair."""
     from tilewise.probes.matrix import BandwidthParams
 
-    size = _size(size_text, "--size")
-    if size < 4096:
-        raise UsageError(f"--size {size_text}: at least 4KiB")
+    size = parse_size(size_text, "--size", minimum=4096)
     _pair_probe("bandwidth", topology_src, cpus_text, full, as_json, out_dir, BandwidthParams(size, samples))
-
-
-def _size(text: str, flag: str) -> int:
-    from tilewise.topology.synthetic import _parse_size
-
-    try:
-        return _parse_size(text, flag)
-    except UsageError:
-        raise UsageError(f"{flag}: bad size {text!r}", "use e.g. 64MB, 1GiB (KB/MB/GB are powers of 1000)") from None
 
 
 @probe.command("stream")
@@ -166,7 +155,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
     if not pols:
         raise UsageError("--policies is empty", f"choose from {', '.join(st.STREAM_POLICIES)}")
     if sizes_text:
-        sizes = [_size(s.strip(), "--sizes") for s in sizes_text.split(",") if s.strip()]
+        sizes = [parse_size(s.strip(), "--sizes", minimum=4096) for s in sizes_text.split(",") if s.strip()]
         if not sizes or min(sizes) < 4096:
             raise UsageError(f"--sizes {sizes_text!r}: give sizes of at least 4KiB")
         size_note = "from --sizes"
