@@ -133,6 +133,7 @@ CONFLICTS = [
     (["tune", "--thp", "never", "--", "true"], "need --apply-os"),
     (["workload", "W1", "--topology", OTHER], "--topology is for --dry-run only"),
     (["workload", "W1", "--ratio", "4"], "--ratio applies to W3 and W4"),
+    (["workload", "W1", "--paper-scale", "--records", "1M", "--dry-run"], "--paper-scale cannot be combined with --records"),
     (["bench", "elastic", "--th-min", "80", "--th-max", "20"], "--th-min must be below --th-max"),
 ]
 

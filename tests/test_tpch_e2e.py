@@ -210,7 +210,7 @@ def test_interrupted_bench_says_so(tmp_path, data_root):
       if len(topology.load(None).cpu_nodes) < 2 else []),
     (["--policies", "wim,wim"], "listed twice"),
     (["--policies", "win", "--topology", "synthetic:Package:2 [NUMANode] L3Cache:2 Core:2 PU:1"], "not this machine"),
-    (["--streams", "0"], "--streams must be >= 1"),
+    (["--streams", "0"], "'--streams' / '-s': '0' is out of range: it must be >= 1"),
     (["--queries", "1,23"], "no TPC-H query 23"),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, args, message):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tilewise import allocators, topology
-from tilewise.cli.common import AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, conflicts, console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
 
 WORKLOAD_NAMES = ("W1", "W2", "W3", "W4", "alloc")
@@ -35,6 +35,7 @@ def make_params(workload, dataset, records, groups, zipf_exponent, ratio, ops, s
     from tilewise.tune import workloads as wl
 
     if paper_scale:
+        conflicts("--paper-scale", ("records", "groups", "ops"), "--paper-scale sets the paper's sizes; give either")
         scale = wl.PAPER_SCALE[workload]
         records = records if records is not None else scale.get("records")
         groups = groups if groups is not None else scale.get("groups")
