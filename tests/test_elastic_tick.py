@@ -178,9 +178,12 @@ def test_bench_elastic_tick_cli(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--modes", "dense,nosuch"], "unknown mode 'nosuch'"),
-    (["--threads", "0"], "--threads must be >= 1"),
-    (["--interval", "0"], "must be positive"),
-    (["--busy", "2", "--proc", "real"], "--busy must be between 0 and 1"),
+    (["--threads", "0"], "'--threads': '0' is out of range: it must be >= 1"),
+    (["--interval", "0"], "'--interval': '0' is out of range: it must be > 0"),
+    (["--interval", "nan"], "'--interval': 'nan' is not a finite number"),
+    (["--busy", "2", "--proc", "real"], "'--busy': '2' is out of range: it must be >= 0 and <= 1"),
+    (["--proc", "real", "--ticks", "5"], "--proc real cannot be combined with --ticks"),
+    (["--duration", "5"], "--proc synthetic cannot be combined with --duration"),
     (["--proc", "real", "--topology", SMALL], "drop --topology"),
 ])
 def test_bench_elastic_tick_bad_input(args, message):

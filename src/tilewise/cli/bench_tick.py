@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, SECONDS, Number, conflicts, console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
 
 DEFAULT_SYNTHETIC = "synthetic:Package:2 [NUMANode] L3Cache:16 Core:8 PU:1"  # 256 CPUs
@@ -15,17 +15,17 @@ DEFAULT_SYNTHETIC = "synthetic:Package:2 [NUMANode] L3Cache:16 Core:8 PU:1"  # 2
               help="synthetic: a generated /proc for a target on --topology (any size); real: a target on this machine.")
 @topology_option
 @click.option("--modes", "mode_list", default="dense,sparse,adaptive", show_default=True, help="Allocation modes to run.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=AT_LEAST_1, default=None,
               help="Threads of the target (default: synthetic, one per CPU of the topology; real: 16).")
-@click.option("--processes", type=int, default=1, show_default=True, help="synthetic: processes in the target's tree.")
-@click.option("--ticks", type=int, default=None, help="synthetic: ticks per mode (default: 3 x (cores + 10)).")
-@click.option("--mappings", type=int, default=500, show_default=True, help="synthetic: lines of each numa_maps.")
-@click.option("--duration", type=float, default=10.0, show_default=True, help="real: seconds per mode.")
-@click.option("--busy", type=float, default=0.5, show_default=True, help="real: busy fraction of each target thread.")
+@click.option("--processes", type=AT_LEAST_1, default=1, show_default=True, help="synthetic: processes in the target's tree.")
+@click.option("--ticks", type=AT_LEAST_1, default=None, help="synthetic: ticks per mode (default: 3 x (cores + 10)).")
+@click.option("--mappings", type=AT_LEAST_1, default=500, show_default=True, help="synthetic: lines of each numa_maps.")
+@click.option("--duration", type=SECONDS, default=10.0, show_default=True, help="real: seconds per mode.")
+@click.option("--busy", type=Number(min=0, max=1), default=0.5, show_default=True, help="real: busy fraction of each target thread.")
 @click.option("--enforce", type=click.Choice(["auto", "cgroup", "affinity", "none"]), default="auto", show_default=True,
               help="real: how cores are handed out (none: measure and decide only).")
-@click.option("--interval", type=float, default=0.1, show_default=True, help="Seconds between ticks.")
-@click.option("--pages-interval", type=float, default=1.0, show_default=True, help="adaptive: seconds between numa_maps reads.")
+@click.option("--interval", type=SECONDS, default=0.1, show_default=True, help="Seconds between ticks.")
+@click.option("--pages-interval", type=SECONDS, default=1.0, show_default=True, help="adaptive: seconds between numa_maps reads.")
 @click.option("--out", "out_dir", default=None, metavar="DIR", help="Also write DIR/results.json.")
 @json_option
 def bench_tick(proc_kind, topology_src, mode_list, threads, processes, ticks, mappings, duration, busy, enforce, interval,
@@ -47,15 +47,10 @@ def bench_tick(proc_kind, topology_src, mode_list, threads, processes, ticks, ma
     bad = [m for m in chosen if m not in M.MODES]
     if bad or not chosen:
         raise UsageError(f"unknown mode {bad[0] if bad else mode_list!r}", f"choose from {', '.join(M.MODES)}")
-    for name, v in (("--threads", threads), ("--ticks", ticks)):
-        if v is not None and v < 1:
-            raise UsageError(f"{name} must be >= 1, got {v}")
-    if processes < 1 or mappings < 1:
-        raise UsageError("--processes and --mappings must be >= 1")
-    if interval <= 0 or pages_interval <= 0 or duration <= 0:
-        raise UsageError("--interval, --pages-interval and --duration must be positive")
-    if not 0 <= busy <= 1:
-        raise UsageError(f"--busy must be between 0 and 1, got {busy}")
+    if proc_kind == "real":
+        conflicts("--proc real", ("processes", "ticks", "mappings"), "--processes, --ticks and --mappings shape the synthetic /proc")
+    else:
+        conflicts("--proc synthetic", ("duration", "busy", "enforce"), "--duration, --busy and --enforce are for --proc real")
     if proc_kind == "real":
         if topology_src:
             raise UsageError("--proc real runs on this machine's topology", "drop --topology")
