@@ -97,7 +97,7 @@ def _sub(argv: list[str] | None) -> str:
     for i, a in enumerate(args):
         if a in COMMANDS:
             nxt = args[i + 1] if i + 1 < len(args) else ""
-            if a in ("bench", "probe") and nxt and not nxt.startswith("-"):
+            if a in ("bench", "probe", "data") and nxt and not nxt.startswith("-"):
                 return f"{a} {nxt} "
             return a + " "
     return ""
