@@ -228,8 +228,9 @@ def elastic_run(mode: str, *, mem_node: int | None, enforce: str = "affinity", b
         res["before"] = sorted(os.sched_getaffinity(pid))
         res["cgroup_before"] = _read(Path(f"/proc/{pid}/cgroup"))
         log = WORK / f"elastic-{mode}-{enforce}.jsonl"
+        pages = ["--pages-interval", "0.3"] if mode == "adaptive" else []  # only adaptive reads pages
         r = cli("elastic", "--pid", str(pid), "--mode", mode, "--interval", "0.3", "--duration", str(duration),
-                "--enforce", enforce, "--pages-interval", "0.3", "--log", str(log), "--json", timeout=240)
+                "--enforce", enforce, *pages, "--log", str(log), "--json", timeout=240)
         res["cli"] = r
         res["log"] = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
         res["after"] = sorted(os.sched_getaffinity(pid))
