@@ -30,7 +30,7 @@ def state_env(tmp_path, monkeypatch):
     (("join", "--engine", "trino", "--coordinator", "nohost"), "not a Trino coordinator address"),
     (("join", "--engine", "spark", "--coordinator", "http://x"), "not a Spark master address"),
     (("query", "SELECT 1"), "no cluster named 'default'"),
-    (("query", "--timeout", "0", "SELECT 1"), "--timeout must be > 0"),
+    (("query", "--timeout", "0", "SELECT 1"), "'--timeout': '0' is out of range: it must be > 0"),
     (("query",), "give one SQL statement"),
     (("up", "--worker-memory", "12k"), "below the 512 MiB"),
     (("up", "--worker-memory", "lots"), "cannot read size"),

@@ -100,8 +100,9 @@ def test_bench_overhead_end_to_end(data_root, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--rounds", "1"], "--rounds must be >= 2"),
-    (["--runs", "0"], "--runs must be >= 1"),
+    (["--rounds", "1"], "'--rounds' / '-k': '1' is out of range: it must be >= 2"),
+    (["--runs", "0"], "'--runs' / '-r': '0' is out of range: it must be >= 1"),
+    (["--timeout", "nan"], "'--timeout': 'nan' is not a finite number"),
     (["--sf", "0"], "scale factor must be > 0"),
     (["--tilewise-src", "/nonexistent"], "holds no tilewise package"),
     (["--queries", "23"], "no TPC-H query 23"),

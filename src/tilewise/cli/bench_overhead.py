@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tilewise.cli.common import console, emit_json, json_option
+from tilewise.cli.common import AT_LEAST_1, SECONDS, SEED, Number, console, emit_json, json_option
 
 
 class _Reporter:
@@ -22,19 +22,19 @@ class _Reporter:
 
 @click.command("overhead")
 @click.option("--sf", default="1", show_default=True, help="TPC-H scale factor.")
-@click.option("--rounds", "-k", type=int, default=6, show_default=True,
+@click.option("--rounds", "-k", type=Number(integer=True, min=2), default=6, show_default=True,
               help="Rounds of one plain and one tilewise pass (the samples of the interval; >= 2).")
-@click.option("--runs", "-r", type=int, default=3, show_default=True, help="Timed runs per pass, after one warm-up run.")
+@click.option("--runs", "-r", type=AT_LEAST_1, default=3, show_default=True, help="Timed runs per pass, after one warm-up run.")
 @click.option("--queries", "-q", "query_list", default=None, metavar="LIST", help="Subset, e.g. 1,6,10-12 (default: all 22).")
 @click.option("--order", type=click.Choice(["abba", "random"]), default="abba", show_default=True,
               help="Order of the two passes in each round: ABBA, or random (seeded by --seed).")
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seed", type=SEED, default=1, show_default=True)
 @click.option("--data-dir", default=None, metavar="DIR", help="TPC-H data cache (default: ~/.cache/tilewise/tpch).")
 @click.option("--tilewise-src", default=None, metavar="DIR",
               help="Run the tilewise passes from this source tree's src/ (e.g. an older commit) instead of this install.")
 @click.option("--plain-fetch", type=click.Choice(["worker", "rows"]), default="worker", show_default=True,
               help="How the plain pass fetches answers: worker (as the worker does now) or rows (fetchall, as older workers did).")
-@click.option("--timeout", type=float, default=None, metavar="S", help="Give up on a pass after S seconds.")
+@click.option("--timeout", type=SECONDS, default=None, metavar="S", help="Give up on a pass after S seconds.")
 @click.option("--out", "-o", "out_dir", default="overhead-results", show_default=True, metavar="DIR",
               help="results.json, the SQL run (queries.json) and each tilewise pass's results go here.")
 @json_option
@@ -50,10 +50,7 @@ def overhead(sf, rounds, runs, query_list, order, seed, data_dir, tilewise_src, 
     from tilewise.bench import overhead as ov
     from tilewise.bench import queries as Q
     from tilewise.data.tpch import check_sf
-    from tilewise.errors import UsageError
 
-    if timeout is not None and timeout <= 0:
-        raise UsageError("--timeout must be positive")
     cfg = ov.Config(sf=check_sf(sf), rounds=rounds, runs=runs, queries=Q.parse_selection(query_list), order=order,
                     seed=seed, out=out_dir, data_dir=data_dir, tilewise_src=tilewise_src, plain_fetch=plain_fetch,
                     timeout_s=timeout)
