@@ -153,7 +153,7 @@ def test_constrain_in_place_journals_writes_reads_back_and_restores(systemd_like
     [j] = journals()
     doc = json.loads(j.read_text())
     kinds = [(c["target"]["kind"], c["old"]) for c in doc["changes"]]
-    assert kinds[0][0] == "affinity" and kinds[-1] == ("file", "")  # masks journaled before the cpuset write
+    assert kinds[0][0] == "affinity" and kinds[-1] == ("cgroup-cpus", "")  # masks journaled before the cpuset write
     assert e.apply((0, 1), {p.pid: p.pid}) == []
     assert cpus_file.read_text().strip() == "0-1"
     # a second daemon on the same process refuses, naming this one
@@ -213,3 +213,28 @@ def test_kill_9_of_a_v2_controller_then_restore(systemd_like, cli):
     assert cp.returncode == 0, cp.stderr
     assert f"undid what elastic pid {p.pid}" in cp.stdout and f"cpuset.cpus of {root}/system.slice/db.service" in cp.stdout
     assert cpus_file.read_text().strip() == "" and not journals()
+
+
+def test_a_populated_v2_group_cannot_go_back_to_empty_cpus_so_it_gets_its_parents(tmp_path, monkeypatch):
+    """Found in the cgroup2 guest: the kernel answers ENOSPC to "" on a group with tasks."""
+    import errno
+
+    root = tmp_path / "cg"
+    make_group(root, subtree="cpuset", cpus=None)
+    (root / "cpuset.cpus.effective").write_text("0-3\n")
+    make_group(root / "svc", cpus="1")
+    real_set = changes.FileValue.set
+
+    def kernel(self, key, value):
+        if value == "":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_set(self, key, value)
+
+    monkeypatch.setattr(changes.FileValue, "set", kernel)
+    t = cgroups.CpusetCpus(str(root / "svc/cpuset.cpus"), "cpulist", "cpuset.cpus of svc")
+    out = changes.undo_one(changes.Change(t, "value", "", "1"))
+    assert out.result == "kept" and "set to 0-3" in out.detail
+    assert (root / "svc/cpuset.cpus").read_text().strip() == "0-3"
+    plain = changes.FileValue(str(root / "svc/cpuset.cpus"), "cpulist")
+    (root / "svc/cpuset.cpus").write_text("1\n")
+    assert changes.undo_one(changes.Change(plain, "value", "", "1")).result == "failed"  # what it was before

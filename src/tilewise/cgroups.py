@@ -19,6 +19,7 @@ The two versions differ where it matters for handing a process its cores:
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -190,6 +191,31 @@ class CgroupDir(Target):
 
     def to_json(self) -> dict:
         return {"path": self.path, "parent": self.parent, "version": self.version}
+
+
+@changes.kind
+@dataclass(frozen=True)
+class CpusetCpus(changes.FileValue):
+    """A group's cpuset.cpus (a CPU list; on v2 "" means "what the parent has")."""
+
+    kind: ClassVar[str] = "cgroup-cpus"
+    style: str = "cpulist"
+
+    def set(self, key: str, value: str) -> None:
+        try:
+            super().set(key, value)
+        except OSError as e:
+            # the kernel (validate_change) refuses to empty the cpuset of a group with tasks (ENOSPC):
+            # the nearest is the parent's CPUs, which the group had in effect before; said, not hidden
+            if value != "" or e.errno != errno.ENOSPC:
+                raise
+            parent = os.path.dirname(os.path.dirname(self.path))
+            inherit = cpulist.format(effective_cpus(parent))
+            if not inherit:
+                raise
+            super().set(key, inherit)
+            raise changes.Kept(f"the kernel does not let a group with tasks go back to an empty cpuset.cpus; "
+                               f"set to {inherit}, the parent's CPUs that it had in effect before") from None
 
 
 @changes.kind

@@ -113,7 +113,7 @@ class Target(abc.ABC):
 KINDS: dict[str, type[Target]] = {}
 # kinds defined in other modules, imported when a journal names them
 KIND_MODULES = {"cgroup-dir": "tilewise.cgroups", "cgroup-member": "tilewise.cgroups",
-                "cgroup-controller": "tilewise.cgroups"}
+                "cgroup-controller": "tilewise.cgroups", "cgroup-cpus": "tilewise.cgroups"}
 
 
 def kind(cls: type[Target]) -> type[Target]:

@@ -290,6 +290,69 @@ def check_cgroup() -> dict:
     return out
 
 
+def check_cgroup_inplace() -> dict:
+    """cgroup v2 as systemd sets it up: the target alone in a service group, cpuset enabled above it.
+    elastic constrains that group in place (its own cpuset.cpus; moving the process out would drop
+    the group's limits); a second daemon on the same pid refuses; SIGTERM restores; after kill -9
+    the group stays constrained until `tilewise restore` puts it back."""
+    root = Path("/sys/fs/cgroup")
+    slice_ = root / "system.slice"
+    svc = slice_ / "db.service"
+    (root / "cgroup.subtree_control").write_text("+cpuset")
+    slice_.mkdir(exist_ok=True)
+    (slice_ / "cgroup.subtree_control").write_text("+cpuset")
+    svc.mkdir(exist_ok=True)
+    flag = WORK / "burn-inplace"
+    flag.touch()
+    target = subprocess.Popen([PY, "-c", BURNER, "1", str(flag)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    out: dict = {}
+    try:
+        out["target_ready"] = target.stdout.readline().strip()
+        pid = target.pid
+        for p in [pid, *_children(pid)]:
+            (svc / "cgroup.procs").write_text(str(p))
+
+        def state() -> dict:
+            return {"cpus": _read(svc / "cpuset.cpus"), "affinity": sorted(os.sched_getaffinity(pid)),
+                    "cgroup": _read(Path(f"/proc/{pid}/cgroup"))}
+
+        def daemon(name: str) -> tuple[subprocess.Popen, Path]:
+            log = WORK / f"inplace-{name}.jsonl"
+            d = subprocess.Popen([TILEWISE, "elastic", "--pid", str(pid), "--interval", "0.3", "--duration", "120",
+                                  "--log", str(log), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and d.poll() is None:
+                if log.exists() and len(log.read_text().splitlines()) >= 3:  # header, start, a tick
+                    break
+                time.sleep(0.2)
+            return d, log
+
+        out["before"] = state()
+        d, _ = daemon("term")
+        out["during"] = state()
+        out["second"] = cli("elastic", "--pid", str(pid), "--duration", "2", "--json", timeout=240)
+        d.send_signal(signal.SIGTERM)
+        so, se = d.communicate(timeout=240)
+        out["first"] = {"rc": d.returncode, "json": json.loads(so) if so.strip().startswith("{") else None,
+                        "stderr": se[-2000:]}
+        out["after_term"] = state()
+        d, _ = daemon("kill")
+        out["during_kill"] = state()
+        d.kill()
+        d.communicate(timeout=60)
+        out["after_kill"] = state()
+        out["restore"] = cli("restore", "--json", timeout=240)
+        out["after_restore"] = state()
+    finally:
+        flag.unlink(missing_ok=True)
+        try:
+            target.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(target.pid, signal.SIGKILL)
+            target.wait()
+    return out
+
+
 def check_probes() -> dict:
     """Core-to-core latency over a few CPUs (TILEWISE_GUEST_PROBE_CPUS): the grouping is checked,
     not the values (meaningless under TCG)."""
@@ -309,7 +372,8 @@ def check_pytest() -> dict:
 
 
 CHECKS = {"sysfs": check_sysfs, "topo": check_topo, "plan": check_plan, "exec": check_exec, "bench": check_bench,
-          "elastic": check_elastic, "cgroup": check_cgroup, "probes": check_probes, "pytest": check_pytest}
+          "elastic": check_elastic, "cgroup": check_cgroup, "cgroup_inplace": check_cgroup_inplace,
+          "probes": check_probes, "pytest": check_pytest}
 
 
 def main(argv: list[str]) -> int:

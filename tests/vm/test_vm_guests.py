@@ -32,7 +32,7 @@ CHECKS = {
     "four-node-asym": ["sysfs", "topo", "plan", "exec"],
     "smt": ["sysfs", "topo", "plan", "exec"],
     "single-node": ["sysfs", "topo", "plan", "exec"],
-    "cgroup2": ["sysfs", "topo", "exec", "cgroup"],
+    "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace"],
 }
 BENCH_ARGS = ("--sf", "0.01", "--runs", "1", "--no-warmup", "--no-plots", "--tests", "power")
 PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
@@ -408,3 +408,30 @@ def test_cgroup2_only_guest(guests, enforce):
     assert run["after"] == run["before"] == list(range(t.ncpus))
     assert run["cgroup_after"] == run["cgroup_before"] == "0::/"  # back in its own group
     assert run["cgroups_after"] == run["cgroups_before"]  # no group left, controllers as they were
+
+
+def test_cgroup2_constrains_a_service_group_in_place_and_restore_undoes_a_killed_daemon(guests):
+    """A target alone in a systemd-like service group (cpuset enabled above it): elastic writes that
+    group's own cpuset.cpus (journaled), a second daemon refuses naming the first, SIGTERM puts it
+    back; a daemon killed with SIGKILL leaves it constrained until `tilewise restore`."""
+    r = guests.check("cgroup2", "cgroup_inplace")
+    before = r["before"]
+    assert before["cpus"] == "" and before["cgroup"] == "0::/system.slice/db.service", before
+    first = r["first"]
+    assert first["rc"] == 130, first["stderr"]
+    s = first["json"]
+    assert s["enforce"] == ["cgroup-v2 in place"] and s["restored"] and not s["problems"], s
+    # 6.1 refuses an empty cpuset.cpus on a group with tasks (ENOSPC): restored to the parent's CPUs, said so
+    whole = f"0-{TOPOLOGIES['cgroup2'].ncpus - 1}"
+    kept = [n for n in s["notes"] if "does not let a group with tasks go back" in n]
+    assert r["during"]["cpus"] != "" and r["during"]["cgroup"] == before["cgroup"]  # constrained, not moved
+    second = r["second"]
+    assert second["rc"] == 1 and "is already controlled by pid" in second["stderr"], second["stderr"]
+    after = r["after_term"]
+    assert after["cpus"] in ("", whole) and bool(kept) == (after["cpus"] != ""), (after, s["notes"])
+    assert after["affinity"] == before["affinity"] and after["cgroup"] == before["cgroup"]
+    assert r["during_kill"]["cpus"] != "" and r["after_kill"]["cpus"] == r["during_kill"]["cpus"]
+    restored = ok(r["restore"])
+    assert [j["state"] for j in restored["journals"]] == ["restored"], restored
+    final = r["after_restore"]
+    assert final["cpus"] in ("", whole) and final["affinity"] == before["affinity"], final

@@ -170,6 +170,7 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
         except (KeyboardInterrupt, signals.Terminated) as e:  # restored by `with d`: report, then re-raise
             interrupted = e
             d.stop_reason = "stopped by signal"
+        notes += [k for u in units if u.enforcer is not None for k in u.enforcer.kept]
         summary = _summary(recs, {"target": [u.name for u in units], "mode": mode, "th_min": th_min, "th_max": th_max,
                                   "interval": interval, "dry_run": dry_run, "log": log_path,
                                   "enforce": ["dry-run" if dry_run else u.enforcer.kind for u in units],

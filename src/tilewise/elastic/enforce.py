@@ -55,6 +55,7 @@ class Enforcer:
         self.bound: set[int] = set()  # tids already given the current set
         self.path: str | None = None  # a group we created, if any
         self.active = False
+        self.kept: list[str] = []  # undo items done the nearest possible way (said in the summary)
 
     @property
     def journal_path(self):
@@ -98,6 +99,7 @@ class Enforcer:
             return []
         self.active = False
         rep = self.session.close()
+        self.kept = [o.line() for o in rep.outcomes if o.result == "kept"]
         return [o.line() for o in rep.failed] + rep.notes
 
 
@@ -212,7 +214,7 @@ class CgroupConstrainEnforcer(Enforcer):
         super().__init__(**kw)
         self.group = group
         self.enable = list(enable or [])
-        self.file = changes.FileValue(os.path.join(group, "cpuset.cpus"), "cpulist", f"cpuset.cpus of {group}")
+        self.file = cgroups.CpusetCpus(os.path.join(group, "cpuset.cpus"), "cpulist", f"cpuset.cpus of {group}")
 
     def _start(self, tasks, cpus) -> None:
         for g in self.enable:
