@@ -29,16 +29,10 @@ written to a temporary directory and renamed into place, one generator per set a
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
-import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from tilewise.data import Dataset
-from tilewise.fsutil import replace_dir
 from tilewise.errors import TilewiseError, UsageError
 
 GENERATOR = "tilewise-tpch-refresh/1"  # bump when the generated values change: references are keyed by it
@@ -106,68 +100,46 @@ def _set_dir(dataset: Dataset, k: int) -> Path:
     return Path(dataset.dir) / "refresh" / f"set-{k}"
 
 
-def _load(d: Path, k: int) -> RefreshSet | None:
-    try:
-        man = json.loads((d / "manifest.json").read_text())
-        if man.get("generator") != GENERATOR or man.get("set") != k:
-            return None
-        rs = RefreshSet(k, d, man["orders"], man["lineitems"])
-        import pyarrow.parquet as pq
+SET_TABLES = ("orders", "lineitem", "delete")
 
-        if (pq.read_metadata(rs.orders).num_rows != rs.orders_count
-                or pq.read_metadata(rs.lineitem).num_rows != rs.lineitem_count
-                or pq.read_metadata(rs.delete).num_rows != rs.orders_count):
-            return None
-        return rs
-    except Exception:  # anything missing or unreadable: generate again
+
+def _load(d: Path, k: int) -> RefreshSet | None:
+    from tilewise.data import store
+
+    if not store.is_valid(d, GENERATOR, SET_TABLES):
         return None
+    man = store.read_manifest(d) or {}
+    if man.get("set") != k:
+        return None
+    return RefreshSet(k, d, man["tables"]["orders"]["rows"], man["tables"]["lineitem"]["rows"])
 
 
 def ensure_sets(dataset: Dataset, count: int, *, log=None) -> list[RefreshSet]:
-    """Update sets 1..count of `dataset`, generated (and cached) where missing."""
+    """Update sets 1..count of `dataset`, generated (and cached) where missing, through the data
+    cache (data.store: built in a temporary directory under a lock, renamed into place)."""
+    from tilewise.data import store
+
     if dataset.benchmark not in ("tpch", "jcch"):
         raise UsageError(f"refresh functions are defined for TPC-H data, not {dataset.benchmark}")
-    out = []
     for k in range(1, count + 1):
         row_range(dataset.sf, k)  # too many sets for this SF: say so before generating anything
+    out = []
     for k in range(1, count + 1):
         d = _set_dir(dataset, k)
         rs = _load(d, k)
         if rs is None:
-            rs = _generate_locked(dataset, k, log)
+            try:
+                store.ensure(d, GENERATOR, lambda tmp, k=k: {"set": k, "sf": dataset.sf, **generate(dataset, k, tmp)},
+                             what=f"TPC-H refresh set {k} ({orders_per_set(dataset.sf)} orders)", log=log,
+                             tables=SET_TABLES)
+            except OSError as e:
+                raise UsageError(f"cannot write refresh data under {d.parent}: {e.strerror or e}",
+                                 "pass --data-dir DIR") from None
+            rs = _load(d, k)
+            if rs is None:
+                raise TilewiseError(f"refresh set {k} could not be generated in {d}")
         out.append(rs)
     return out
-
-
-def _generate_locked(dataset: Dataset, k: int, log) -> RefreshSet:
-    d = _set_dir(dataset, k)
-    try:
-        d.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(d.parent / f".set-{k}.lock", "w")
-    except OSError as e:
-        raise UsageError(f"cannot write refresh data under {d.parent}: {e.strerror}", "pass --data-dir DIR") from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        rs = _load(d, k)
-        if rs is not None:
-            return rs
-        if log:
-            log(f"generating TPC-H refresh set {k} ({orders_per_set(dataset.sf)} orders) into {d}")
-        tmp = Path(tempfile.mkdtemp(prefix=f".set-{k}.tmp-", dir=d.parent))
-        try:
-            counts = generate(dataset, k, tmp)
-            with open(tmp / "manifest.json", "w") as fh:
-                json.dump({"generator": GENERATOR, "set": k, "sf": dataset.sf, **counts}, fh, indent=2)
-                fh.flush()
-                os.fsync(fh.fileno())
-            replace_dir(tmp, d)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    rs = _load(d, k)
-    if rs is None:
-        raise TilewiseError(f"refresh set {k} could not be generated in {d}")
-    return rs
 
 
 def _sample_comments(path: Path, column: str, rng, n: int) -> list[str]:

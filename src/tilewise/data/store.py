@@ -42,7 +42,7 @@ def read_manifest(d: Path) -> dict | None:
         return None
 
 
-def is_valid(d: Path, fmt: str) -> bool:
+def is_valid(d: Path, fmt: str, tables=TABLES) -> bool:
     """True when d holds a complete set of format fmt: manifest, every table, sizes and footers match."""
     try:
         man = read_manifest(d)
@@ -50,7 +50,7 @@ def is_valid(d: Path, fmt: str) -> bool:
             return False
         import pyarrow.parquet as pq
 
-        for t in TABLES:
+        for t in tables:
             f = Path(d) / f"{t}.parquet"
             info = man["tables"][t]
             if f.stat().st_size != info["bytes"]:
@@ -62,12 +62,12 @@ def is_valid(d: Path, fmt: str) -> bool:
         return False
 
 
-def table_info(d: Path) -> dict:
+def table_info(d: Path, tables=TABLES) -> dict:
     """{table: {rows, bytes}} of the Parquet files in d (each must exist)."""
     import pyarrow.parquet as pq
 
     out = {}
-    for t in TABLES:
+    for t in tables:
         f = Path(d) / f"{t}.parquet"
         if not f.exists():
             raise TilewiseError(f"the generator did not write {f.name}")
@@ -75,10 +75,11 @@ def table_info(d: Path) -> dict:
     return out
 
 
-def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, log=None) -> Path:
-    """The set at target, built by build(tmp_dir) -> manifest fields when missing or invalid."""
+def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, log=None, tables=TABLES) -> Path:
+    """The set at target, built by build(tmp_dir) -> manifest fields when missing or invalid
+    (`tables`: the Parquet files the set holds; the 8 TPC-H tables unless told)."""
     target = Path(target)
-    if is_valid(target, fmt):
+    if is_valid(target, fmt, tables):
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +88,7 @@ def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, 
         raise UsageError(f"cannot use data directory {target.parent}: {e.strerror}", "pass --data-dir DIR") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per set at a time; others wait and reuse
-        if is_valid(target, fmt):
+        if is_valid(target, fmt, tables):
             return target
         if log:
             log(f"generating {what} into {target}")
@@ -95,7 +96,7 @@ def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, 
         try:
             t0 = time.monotonic()
             extra = build(tmp)
-            man = {"format": fmt, **extra, "tables": table_info(tmp),
+            man = {"format": fmt, **extra, "tables": table_info(tmp, tables),
                    "generated_s": round(time.monotonic() - t0, 2)}
             atomic_write_json(tmp / MANIFEST, man)
             replace_dir(tmp, target)
