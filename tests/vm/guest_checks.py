@@ -167,6 +167,88 @@ def check_bench() -> dict:
     return r
 
 
+UP_NAME = "vm"
+
+
+def check_up() -> dict:
+    """`up --engine duckdb --policy win --sf 0.01` (data prepared on the host), `status`, a query on
+    the first and the last server, `down`; around them what /proc shows of each server (CPUs,
+    allowed and bound nodes, where its anonymous pages are) and which processes carry the cluster's
+    token before and after `down`."""
+    out: dict = {}
+    out["up"] = cli("up", "--engine", "duckdb", "--policy", "win", "--sf", "0.01", "--name", UP_NAME,
+                    "--worker-memory", "256m", "--json", timeout=900)
+    state_file = Path(os.environ.get("TILEWISE_CLUSTER_DIR", "/nonexistent")) / f"{UP_NAME}.json"
+    token = None
+    try:
+        token = json.loads(state_file.read_text())["token"] if state_file.exists() else None
+        out["token_recorded"] = token is not None
+        out["status"] = cli("status", "--name", UP_NAME, "--json", timeout=300)
+        members = (out["status"]["json"] or {}).get("members") or []
+        out["proc"] = {str(m["pid"]): _proc_binding(m["pid"]) for m in members}
+        out["tagged_before"] = _carrying(token)
+        # the SQL comes from the host test, which computes its answer from the same Parquet files; asked
+        # of the first and the last server (node 0 and the farthest node: each CLI call costs seconds here)
+        sql = os.environ.get("TILEWISE_GUEST_UP_SQL", "SELECT count(*) AS n FROM lineitem")
+        instances = sorted(m["instance"] for m in members if m.get("instance") is not None)
+        asked = sorted({instances[0], instances[-1]}) if instances else []
+        out["queries"] = dict(zip(map(str, asked), pmap(
+            lambda i: cli("query", "--name", UP_NAME, "--instance", str(i), "--json", sql, timeout=300), asked)))
+        out["down"] = cli("down", "--name", UP_NAME, "--json", timeout=300)
+        out["tagged_after"] = _carrying(token)
+        out["state_file_after"] = state_file.exists()
+        out["cluster_dir_after"] = sorted(p.name for p in state_file.parent.iterdir()) if state_file.parent.is_dir() else []
+    finally:  # whatever went wrong, the later checks get a machine without servers
+        left = _carrying(token)
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        out["killed_after_check"] = left
+    return out
+
+
+def _proc_binding(pid: int) -> dict:
+    """What the kernel shows of a process: allowed CPUs and nodes, the memory policies in numa_maps
+    and its anonymous pages per node (file pages may be cached wherever another process read them)."""
+    status = _read(Path(f"/proc/{pid}/status"))
+    fields = dict(ln.split(":\t", 1) for ln in status.splitlines() if ":\t" in ln)
+    policies: dict[str, int] = {}
+    anon: dict[str, int] = {}
+    for ln in _read(Path(f"/proc/{pid}/numa_maps")).splitlines():
+        parts = ln.split()
+        if len(parts) < 2:
+            continue
+        policies[parts[1]] = policies.get(parts[1], 0) + 1
+        if any(x.startswith("file=") for x in parts):
+            continue
+        for x in parts:
+            m = re.fullmatch(r"N(\d+)=(\d+)", x)
+            if m:
+                anon[m.group(1)] = anon.get(m.group(1), 0) + int(m.group(2))
+    return {"Cpus_allowed_list": fields.get("Cpus_allowed_list", "").strip(),
+            "Mems_allowed_list": fields.get("Mems_allowed_list", "").strip(),
+            "numa_maps_policies": policies, "anon_pages": anon}
+
+
+def _carrying(token: str | None) -> list[str]:
+    """Live processes whose environment holds the cluster's token."""
+    if not token:
+        return []
+    needle = f"TILEWISE_CLUSTER_TOKEN={token}".encode()
+    out = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            env = (p / "environ").read_bytes()
+        except OSError:
+            continue
+        state = _read(p / "stat").rsplit(")", 1)[-1].split()[:1]
+        if needle in env.split(b"\0") and state != ["Z"]:
+            out.append(p.name)
+    return sorted(out, key=int)
+
+
 def _ancestors() -> set[int]:
     out, pid = set(), os.getpid()
     while pid > 1:
@@ -372,7 +454,7 @@ def check_pytest() -> dict:
 
 
 CHECKS = {"sysfs": check_sysfs, "topo": check_topo, "plan": check_plan, "exec": check_exec, "bench": check_bench,
-          "elastic": check_elastic, "cgroup": check_cgroup, "cgroup_inplace": check_cgroup_inplace,
+          "elastic": check_elastic, "up": check_up, "cgroup": check_cgroup, "cgroup_inplace": check_cgroup_inplace,
           "probes": check_probes, "pytest": check_pytest}
 
 

@@ -27,15 +27,19 @@ PY = REPO / ".venv" / "bin" / "python"
 
 # The checks each guest runs (guest_checks.py), one boot per topology.
 CHECKS = {
-    "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "elastic", "probes", "bench"],
-    "l3-spans-nodes": ["sysfs", "topo", "plan", "exec", "probes"],
-    "four-node-asym": ["sysfs", "topo", "plan", "exec"],
-    "smt": ["sysfs", "topo", "plan", "exec"],
+    "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "up", "elastic", "probes", "bench"],
+    "l3-spans-nodes": ["sysfs", "topo", "plan", "exec", "up", "probes"],
+    "four-node-asym": ["sysfs", "topo", "plan", "exec", "up"],
+    "smt": ["sysfs", "topo", "plan", "exec", "up"],
     "single-node": ["sysfs", "topo", "plan", "exec"],
-    "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace"],
+    "cgroup2": ["sysfs", "topo", "exec", "up", "cgroup", "cgroup_inplace"],
 }
 BENCH_ARGS = ("--sf", "0.01", "--runs", "1", "--no-warmup", "--no-plots", "--tests", "power")
 PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
+# asked of the DuckDB servers `up` starts in the guests; the answer is computed here from the same files
+UP_SQL = ("SELECT l_returnflag, l_linestatus, count(*) AS n, CAST(sum(l_quantity) AS BIGINT) AS qty, "
+          "count(DISTINCT o_custkey) AS customers FROM lineitem JOIN orders ON l_orderkey = o_orderkey "
+          "GROUP BY ALL ORDER BY ALL")
 
 
 class Guests:
@@ -45,6 +49,7 @@ class Guests:
         self.futures: dict[str, Future] = {}
         self.pool: ThreadPoolExecutor | None = None
         self.times: dict[str, harness.GuestResult] = {}
+        self.seconds: dict[str, dict[str, float]] = {}  # guest -> check -> seconds in the guest
 
     def selected(self) -> dict[str, list[str]]:
         """TILEWISE_VM_GUESTS=a,b boots only those guests (the others' tests are skipped)."""
@@ -62,12 +67,18 @@ class Guests:
                 env["TILEWISE_BIN_DIR"] = str(native)
         if any("bench" in c for c in chosen.values()):
             warm_tpch_cache()
+        if any("up" in c for c in chosen.values()):  # the servers load SF 0.01: made here, not under TCG
+            from tilewise.data import tpch as tpch_data
+
+            tpch_data.ensure_data(0.01)
         jobs = int(os.environ.get("TILEWISE_VM_JOBS", "2"))
         self.pool = ThreadPoolExecutor(max(1, jobs), thread_name_prefix="vm")
         for name, checks in chosen.items():  # heaviest first
             guest_env = dict(env, TILEWISE_STATE_DIR="/tmp/tilewise-state", TILEWISE_CLUSTER_DIR="/tmp/tilewise-clusters")
             if name in PROBE_CPUS:
                 guest_env["TILEWISE_GUEST_PROBE_CPUS"] = PROBE_CPUS[name]
+            if "up" in checks:
+                guest_env["TILEWISE_GUEST_UP_SQL"] = UP_SQL
             cmd = [str(PY), str(Path(__file__).with_name("guest_checks.py")), *checks]
             self.futures[name] = self.pool.submit(harness.run, TOPOLOGIES[name], cmd, cwd=REPO, env=guest_env,
                                                   timeout=2400)
@@ -80,6 +91,11 @@ class Guests:
         self.times[name] = r
         assert r.returncode == 0, f"guest {name} exited {r.returncode}:\n{r.stderr[-3000:]}"
         doc = r.json()
+        self.seconds[name] = doc.get("seconds", {})
+        if os.environ.get("TILEWISE_VM_SAVE"):  # the raw facts, for a look after a failure
+            save = Path(os.environ["TILEWISE_VM_SAVE"])
+            save.mkdir(parents=True, exist_ok=True)
+            (save / f"{name}.json").write_text(r.stdout)
         crashed = {k: v["crashed"] for k, v in doc["checks"].items() if isinstance(v, dict) and "crashed" in v}
         doc["crashed"] = crashed
         return doc
@@ -320,6 +336,81 @@ def test_bench_tpch_policies_give_valid_answers(guests):
         assert f"{pol}: starting {n} duckdb instance(s)" in r["stderr"]
     assert "results.json" in r["files"] and "results.csv" in r["files"]
     assert not r["leftover_processes"], r["leftover_processes"]
+
+
+# ---- up --engine duckdb / status / query / down ------------------------------------------------------
+
+def up_expected(t: harness.GuestTopology) -> list[tuple[str, int]]:
+    """(cpus, node) of each DuckDB server under WIN: one per node with CPUs (a CPU-less node gets
+    none), on the node's cores (first thread of each), memory bound to that node."""
+    primaries = {g[0] for g in t.core_groups()}
+    return [(_fmt([c for c in cpus if c in primaries]), i) for i, cpus, _ in booted_nodes(t) if cpus]
+
+
+def check_up_facts(t: harness.GuestTopology, r: dict, answer: list) -> None:
+    """What the guest showed around `up --engine duckdb --policy win`, `status`, `query`, `down`,
+    compared with the booted topology (raises AssertionError at the first difference)."""
+    up = ok(r["up"])
+    assert up["engine"] == "duckdb" and up["policy"] == "win" and up["healthy"], up["problems"]
+    st = ok(r["status"])  # exit 0: every server alive, answering on its socket, binding verified
+    assert st["healthy"] and not st["problems"], st["problems"]
+    servers = sorted(st["members"], key=lambda m: m["instance"])
+    assert [m["role"] for m in servers] == ["worker"] * len(servers)
+    want = up_expected(t)
+    assert sorted((m["cpus"], m["mem_policy"], tuple(m["mem_nodes"])) for m in servers) == sorted(
+        (cpus, "membind", (node,)) for cpus, node in want), servers
+    for m in servers:
+        cpus, node = m["cpus"], m["mem_nodes"][0]
+        # tilewise read the binding back from /proc...
+        v = m["verification"]
+        assert m["binding_verified"] is True and v["ok"], v
+        assert v["checks"]["cpus"]["got"] == cpus and v["checks"]["memory"]["got"] == f"bind:{node}", v
+        # ...and so did the check, itself: the mask, every mapping's policy, where the anonymous pages are
+        proc = r["proc"][str(m["pid"])]
+        assert proc["Cpus_allowed_list"] == cpus, (m["pid"], proc)
+        assert node in cpulist_parse(proc["Mems_allowed_list"]), proc
+        assert set(proc["numa_maps_policies"]) == {f"bind:{node}"}, (m["pid"], proc["numa_maps_policies"])
+        anon = {int(k): v for k, v in proc["anon_pages"].items() if v}
+        assert set(anon) == {node} and anon[node] > 1000, (m["pid"], anon)  # the loaded tables live there
+    workers = {str(m["pid"]) for m in servers}
+    assert r["token_recorded"] and workers <= set(r["tagged_before"]), (workers, r["tagged_before"])
+    last = max(m["instance"] for m in servers)
+    assert set(r["queries"]) == {"0", str(last)}
+    for inst, q in r["queries"].items():
+        qd = ok(q)
+        assert qd["instance"] == int(inst) and qd["rows"] == answer, (inst, qd)
+    down = ok(r["down"])
+    assert {int(p) for p in workers} <= set(down["stopped_pids"]) and not down["left"], down
+    assert r["tagged_after"] == [] and r["killed_after_check"] == [], r["tagged_after"]
+    assert r["state_file_after"] is False
+    assert not [f for f in r["cluster_dir_after"] if f.endswith(".json") or f == "vm"], r["cluster_dir_after"]
+
+
+def cpulist_parse(text: str) -> tuple[int, ...]:
+    from tilewise import cpulist
+
+    return cpulist.parse(text)
+
+
+def up_answer(tables: dict) -> list:
+    """UP_SQL's answer, computed here by DuckDB from the Parquet files the guest's servers loaded."""
+    import duckdb
+
+    con = duckdb.connect()
+    for name in ("lineitem", "orders"):
+        con.read_parquet(tables[name]).create_view(name)
+    return [list(row) for row in con.execute(UP_SQL).fetchall()]
+
+
+@pytest.mark.parametrize("name", guests_with("up"))
+def test_up_duckdb_win_status_query_down(guests, name):
+    """`up --engine duckdb --policy win --sf 0.01`: one server per node with CPUs, bound to that node's
+    cores and membind to it (checked by tilewise and again from /proc in the guest, pages included);
+    a query answers what DuckDB computes here; `down` exits 0 and leaves no process carrying the
+    cluster's token and no state file."""
+    r = guests.check(name, "up")
+    tables = ok(r["status"])["data"]["tables"]
+    check_up_facts(TOPOLOGIES[name], r, up_answer(tables))
 
 
 # ---- elastic -------------------------------------------------------------------------------------
