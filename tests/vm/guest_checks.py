@@ -40,6 +40,33 @@ def cli(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
         rc, out, err = cp.returncode, cp.stdout, cp.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err = -9, e.stdout or "", f"timed out after {timeout} s"
+    return _result(args, rc, out, err, t0)
+
+
+def cli_here(*args: str) -> dict:
+    """The real CLI (`tilewise.cli.main`) called in this process, for commands that only read the machine
+    (topo, plan): a new interpreter per call costs seconds under TCG, which adds up over a dozen calls.
+    Same result shape as cli(); a traceback is recorded as a crash (exit 1) like the subprocess would."""
+    import contextlib
+    import io
+
+    from tilewise.cli import main as tilewise_main
+
+    out, err = io.StringIO(), io.StringIO()
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            tilewise_main(list(args))
+            rc = 0
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except Exception:
+            err.write(traceback.format_exc())
+            rc = 1
+    return _result(args, rc, out.getvalue(), err.getvalue(), t0)
+
+
+def _result(args, rc: int, out: str, err: str, t0: float) -> dict:
     doc = None
     if out.lstrip().startswith(("{", "[")):
         try:
@@ -89,18 +116,18 @@ def check_topo() -> dict:
     theirs = WORK / "lstopo.xml"
     again = WORK / "lstopo-again.xml"
     out: dict = {}
-    out["json"] = cli("topo", "--json", "--export", str(mine))
-    out["text"] = cli("topo")
+    out["json"] = cli("topo", "--json", "--export", str(mine))  # one real process; the rest in this one
+    out["text"] = cli_here("topo")
     # real hwloc on this kernel, loaded by tilewise; and our export re-read by real hwloc
     hw = subprocess.run(["lstopo-no-graphics", "--no-io", "--of", "xml", "-f", str(theirs)], capture_output=True, text=True)
     out["lstopo_rc"] = hw.returncode
     out["lstopo_err"] = hw.stderr[-2000:]
-    out["from_lstopo"] = cli("topo", "--topology", str(theirs), "--json")
+    out["from_lstopo"] = cli_here("topo", "--topology", str(theirs), "--json")
     hw2 = subprocess.run(["lstopo-no-graphics", "--input", str(mine), "--of", "xml", "-f", str(again)],
                          capture_output=True, text=True)
     out["lstopo_reads_export_rc"] = hw2.returncode
     out["lstopo_reads_export_err"] = hw2.stderr[-2000:]
-    out["export_via_lstopo"] = cli("topo", "--topology", str(again), "--json") if hw2.returncode == 0 else None
+    out["export_via_lstopo"] = cli_here("topo", "--topology", str(again), "--json") if hw2.returncode == 0 else None
     tree = subprocess.run(["lstopo-no-graphics", "--no-io", "-p"], capture_output=True, text=True)
     out["lstopo_tree"] = tree.stdout[-4000:]
     return out
@@ -111,8 +138,7 @@ def check_plan() -> dict:
     calls += [("n2", ["plan", "--policy", "n", "--instances", "2", "--json"]),
               ("wic-smt", ["plan", "--policy", "wic", "--smt", "--json"]),
               ("wicp-text", ["plan", "--policy", "wicp"])]
-    results = pmap(lambda c: cli(*c[1]), calls)
-    return {name: r for (name, _), r in zip(calls, results)}
+    return {name: cli_here(*args) for name, args in calls}  # one after another: main() installs signal handlers
 
 
 def _cpu_nodes() -> list[int]:
@@ -249,6 +275,16 @@ def _carrying(token: str | None) -> list[str]:
     return sorted(out, key=int)
 
 
+def _end_target(target: subprocess.Popen, flag: Path) -> None:
+    """Removing the flag file ends a spinning target; one that does not end in 30 s is killed."""
+    flag.unlink(missing_ok=True)
+    try:
+        target.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(target.pid, signal.SIGKILL)
+        target.wait()
+
+
 def _ancestors() -> set[int]:
     out, pid = set(), os.getpid()
     while pid > 1:
@@ -319,12 +355,7 @@ def elastic_run(mode: str, *, mem_node: int | None, enforce: str = "affinity", b
         res["after_children"] = {c: sorted(os.sched_getaffinity(c)) for c in _children(pid)}
         res["cgroup_after"] = _read(Path(f"/proc/{pid}/cgroup"))
     finally:
-        flag.unlink(missing_ok=True)
-        try:
-            target.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(target.pid, signal.SIGKILL)
-            target.wait()
+        _end_target(target, flag)
     return res
 
 
@@ -426,12 +457,7 @@ def check_cgroup_inplace() -> dict:
         out["restore"] = cli("restore", "--json", timeout=240)
         out["after_restore"] = state()
     finally:
-        flag.unlink(missing_ok=True)
-        try:
-            target.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(target.pid, signal.SIGKILL)
-            target.wait()
+        _end_target(target, flag)
     return out
 
 
