@@ -276,6 +276,10 @@ def test_power_test_only(dataset, tmp_path):
     run = doc["policies"]["wim"]["tpch_runs"][0]
     assert run["throughput"] is None and run["throughput_at_size"] is None and run["qphh_at_size"] is None
     assert run["power_at_size"] > 0 and [s["set"] for s in doc["refresh"]["sets"]] == [1]
+    out, buf = _console()
+    report.render(doc, out)
+    row = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("wim") and "│" in ln and "-" in ln.split("│")[-1])
+    assert row.split("│")[-1].strip() == "-"  # no throughput test: no streams to show in the metrics table
 
 
 # ---- honest results (issue 10 item 6) ----------------------------------------------------------------

@@ -205,6 +205,8 @@ def render_tpch(doc: dict, out) -> None:
         mt = _table(f"{prefix}TPC-H metrics at SF {p.get('sf')} ({how}; median over runs, 95 % CI)")
         for col in ("policy", "Power@Size", "Throughput@Size", "QphH@Size", "streams"):
             mt.add_column(col, justify="left" if col == "policy" else "right")
+        # the throughput test's streams; a run without it has none to show
+        streams = str(p.get("streams")) if "throughput" in (p.get("tests") or ["throughput"]) else "-"
         for n, rec in pols.items():
             if rec.get("same_as"):
                 mt.add_row(n, f"= {rec['same_as']}", f"= {rec['same_as']}", f"= {rec['same_as']}", "")
@@ -217,7 +219,7 @@ def render_tpch(doc: dict, out) -> None:
                     return "-"
                 ci = v.get("ci95")
                 return f"{v['median']:.1f}" + (f" ({ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
-            mt.add_row(n, cell("power_at_size"), cell("throughput_at_size"), cell("qphh_at_size"), str(p.get("streams")))
+            mt.add_row(n, cell("power_at_size"), cell("throughput_at_size"), cell("qphh_at_size"), streams)
         out.print(mt)
     marks = []
     if any(_unstable(r) for n in measured for r in pols[n].get("queries", {}).values()):
