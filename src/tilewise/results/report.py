@@ -809,22 +809,16 @@ def render_comparison(cmp: dict, out) -> None:
         rt.add_row(str(i), r["label"], str(r["kind"]), str(r.get("hostname") or "-"), (r.get("git_commit") or "-")[:12],
                    str(r.get("started") or "-"), state)
     out.print(rt)
-    if cmp["environment_differences"]:
-        et = _table("environment differences")
-        et.add_column("field")
-        for i in range(len(runs)):
-            et.add_column(f"#{i + 1}")
-        for k, vals in cmp["environment_differences"].items():
-            et.add_row(k, *(_short(v) for v in vals))
-        out.print(et)
-    if cmp.get("parameter_differences"):
-        pt = _table("parameter differences")
-        pt.add_column("parameter")
-        for i in range(len(runs)):
-            pt.add_column(f"#{i + 1}")
-        for k, vals in cmp["parameter_differences"].items():
-            pt.add_row(k, *(_short(v) for v in vals))
-        out.print(pt)
+    for what, first in (("environment", "field"), ("parameter", "parameter")):
+        diffs = cmp.get(f"{what}_differences")
+        if diffs:  # one row per field whose value differs between the runs, one column per run
+            dt = _table(f"{what} differences")
+            dt.add_column(first)
+            for i in range(len(runs)):
+                dt.add_column(f"#{i + 1}")
+            for k, vals in diffs.items():
+                dt.add_row(k, *(_short(v) for v in vals))
+            out.print(dt)
     if not cmp["metrics"]:
         out.print("no metrics in common", markup=False)
     else:
