@@ -259,7 +259,8 @@ def _proc_binding(pid: int) -> dict:
 
 
 def _carrying(token: str | None) -> list[str]:
-    """Live processes whose environment holds the cluster's token."""
+    """Live processes whose environment holds the cluster's token. Read here rather than through
+    tilewise.procs.carrying on purpose: the check is a second witness of what `down` says it stopped."""
     if not token:
         return []
     needle = f"TILEWISE_CLUSTER_TOKEN={token}".encode()
