@@ -10,8 +10,8 @@ import pytest
 
 from conftest import run_cli
 from tilewise import cluster, plan, topology
-from tilewise.engines import spark_cluster as sc
-from tilewise.engines.spark import spark_schema
+from tilewise.engines import procgroup as sc
+from tilewise.engines.spark.cluster import spark_schema
 from tilewise.errors import TilewiseError, UsageError
 
 

@@ -272,7 +272,7 @@ def test_verification_of_an_allocator_that_is_not_mapped_is_a_mismatch(tmp_path)
 def test_bench_records_a_failed_status_call_as_not_checkable():
     from tilewise import plan, topology
     from tilewise.bench import tpch
-    from tilewise.engines.base import InstanceStatus
+    from tilewise.engines.contract import InstanceStatus
 
     p = plan.plan(topology.load(None), "wim")
 

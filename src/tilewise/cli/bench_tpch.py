@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from tilewise import engines
 from tilewise.cli.common import AT_LEAST_1, ProgressBars, console, emit_json, json_option, topology_option
+from tilewise.cli.engines import LazyHelpOption, memory_help
 
 
 class _RichReporter(ProgressBars):
@@ -40,7 +42,8 @@ class _RichReporter(ProgressBars):
 
 
 @click.command("tpch")
-@click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark, trino.")
+@click.option("--engine", "-e", default=engines.DEFAULT_BENCH, show_default=True, cls=LazyHelpOption,
+              help_text=lambda: f"Engine: {', '.join(engines.names())} (`tilewise engines list`).")
 @click.option("--benchmark", "-b", type=click.Choice(["tpch", "jcch"]), default="tpch", show_default=True,
               help="tpch, or jcch: JCC-H, TPC-H with skewed data and join-crossing correlations (docs/jcch.md).")
 @click.option("--params", "qparams", type=click.Choice(["skewed", "normal"]), default=None,
@@ -71,9 +74,8 @@ class _RichReporter(ProgressBars):
               help="Data cache (default: ~/.cache/tilewise/tpch, or ~/.cache/tilewise/jcch for JCC-H).")
 @click.option("--mem", default=None, metavar="POLICY", help="Override every policy's memory policy.")
 @click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only).")
-@click.option("--worker-memory", default=None, metavar="SIZE",
-              help="spark/trino: memory (heap) per worker, e.g. 2g (default: half of its NUMA node's memory, "
-                   "split between the instances on that node).")
+@click.option("--worker-memory", default=None, metavar="SIZE", cls=LazyHelpOption,
+              help_text=lambda: memory_help("The engine's memory per worker or instance, e.g. 2g"))
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
 @click.option("--no-plots", is_flag=True, help="Do not write PNG plots.")
 @click.option("--inject-wrong-answer", "inject", default=None, hidden=True,
