@@ -224,7 +224,8 @@ class Runtime(abc.ABC):
         """Per plan instance: pid, binding read back from /proc, health (a crashed instance is unhealthy)."""
 
     def info(self, instance: int) -> dict:
-        """The engine's settings of one instance as results record them: threads, memory_mb, load_s."""
+        """The engine's settings of one instance as results record them: threads, memory_mb, load_s;
+        where the engine knows them, its process's CPU seconds so far (cpu_s) and ctx_involuntary."""
         return {}
 
     def close(self) -> None:

@@ -342,7 +342,8 @@ class ReplicaServers(ProcessCluster):
 
     def info(self, instance: int) -> dict:
         reply = self.client(instance).info()
-        return {k: reply.get(k) for k in ("threads", "memory_mb", "load_s", "pid", "version") if k in reply}
+        keys = ("threads", "memory_mb", "load_s", "pid", "version", "cpu_s", "ctx_involuntary")
+        return {k: reply[k] for k in keys if k in reply}
 
     # ---- status -------------------------------------------------------------------------------
     def member_status(self, m: Member) -> dict:

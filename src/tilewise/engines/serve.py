@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import pickle
+import resource
 import socket
 import struct
 import sys
@@ -206,8 +207,10 @@ class Server:
             elif op == "info":
                 with self.shared["serial"]:
                     info = h.info()
+                ru = resource.getrusage(resource.RUSAGE_SELF)  # the whole process, its exited threads included
                 self.reply(msg, {"ok": True, "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)),
-                                 "load_s": self.shared.get("load_s"), "memory_mb": h.memory_mb, **info})
+                                 "load_s": self.shared.get("load_s"), "memory_mb": h.memory_mb,
+                                 "cpu_s": ru.ru_utime + ru.ru_stime, "ctx_involuntary": ru.ru_nivcsw, **info})
             else:
                 self.reply(msg, {"ok": False, "error": f"unknown request {op!r}"})
         except Exception as e:  # a failing request is an answer, not a crash
