@@ -56,7 +56,7 @@ class _RichReporter(ProgressBars):
               help="Comma-separated deployment policies; the first is the baseline (n=K for K instances).")
 @click.option("--streams", "-s", type=AT_LEAST_1, default=None,
               help="Query streams of the throughput test (default: the TPC-H minimum for the SF, 2 at SF 1, and at "
-                   "least one per instance on engines whose instances are replicas, like DuckDB).")
+                   "least one per instance on engines whose instances are replicas: `tilewise engines list`).")
 @click.option("--tests", "tests", default="power,throughput", show_default=True, metavar="LIST",
               help="TPC-H tests per run: power (1 stream, RF1, queries, RF2), throughput (S streams + a refresh stream).")
 @click.option("--refresh/--no-refresh", "refresh", default=None,

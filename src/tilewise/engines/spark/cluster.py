@@ -34,7 +34,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from tilewise import launch
-from tilewise.data import TABLES
 from tilewise.engines import sqltypes
 from tilewise.engines.contract import QueryResult
 from tilewise.engines.procgroup import START_TIMEOUT_S, ClusterError, Member, ProcessCluster, free_port, log_tail
@@ -74,16 +73,17 @@ def spark_home() -> Path:
     return home
 
 
-def find_tables(data_dir: Path) -> dict[str, str]:
-    """table -> Parquet path (<dir>/<t>.parquet file or directory, or <dir>/<t>/)."""
+def find_tables(dataset) -> dict[str, str]:
+    """table -> Parquet path of the data set (a file, or a directory of files)."""
     out = {}
-    for t in TABLES:
-        for cand in (data_dir / f"{t}.parquet", data_dir / t):
+    for t, p in dataset.tables.items():
+        p = Path(p)
+        for cand in (p, p.with_suffix("")):
             if cand.exists():
                 out[t] = str(cand.resolve())
                 break
         else:
-            raise UsageError(f"no Parquet data for table {t} in {data_dir}",
+            raise UsageError(f"no Parquet data for table {t} in {Path(dataset.dir)}",
                              "generate it with tilewise bench tpch --sf X (or tpchgen-cli --format parquet)")
     return out
 
@@ -218,7 +218,7 @@ class SparkCluster(ProcessCluster):
             raise
 
     def _tables(self, dataset) -> dict:
-        return {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(Path(dataset.dir)).items()}
+        return {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(dataset).items()}
 
     def start_master(self, timeout: float = START_TIMEOUT_S, *, wait: bool = True,
                      binding: launch.Binding | None = None) -> str:
