@@ -224,6 +224,7 @@ class ReplicaServers(ProcessCluster):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._clients: dict[int, Client] = {}
+        self._every: list[Client] = []  # every instance's connection, once all were made
         self._route = threading.Lock()
         self.dataset = None
 
@@ -269,7 +270,7 @@ class ReplicaServers(ProcessCluster):
 
     def close(self) -> None:
         with self._route:
-            clients, self._clients = list(self._clients.values()), {}
+            clients, self._clients, self._every = list(self._clients.values()), {}, []
         for c in clients:
             c.close()
 
@@ -298,13 +299,9 @@ class ReplicaServers(ProcessCluster):
         if self._stopped:
             raise TilewiseError(f"the {self.title} engine was stopped")
         if instance is None:
-            ids = [m.instance for m in self.workers()]
-            if not ids:
-                raise TilewiseError(f"this {self.title} cluster has no instance")
-            for i in ids:
-                self.client(i)
+            every = self._every or self._connect_all()
             with self._route:
-                live = [c for c in self._clients.values() if not c.dead] or list(self._clients.values())
+                live = [c for c in every if not c.dead] or every
                 c = min(live, key=lambda x: (x.inflight, x.instance))
                 c.inflight += 1
         else:
@@ -316,6 +313,15 @@ class ReplicaServers(ProcessCluster):
         finally:
             with self._route:
                 c.inflight -= 1
+
+    def _connect_all(self) -> list[Client]:
+        """A connection to every instance (kept: routing looks at them on every query)."""
+        ids = [m.instance for m in self.workers()]
+        if not ids:
+            raise TilewiseError(f"this {self.title} cluster has no instance")
+        every = [self.client(i) for i in ids]
+        self._every = every
+        return every
 
     def refresh_statements(self, function: str, rset) -> list[str]:
         """The SQL of a refresh function in this engine's dialect (engines whose spec says refresh)."""
@@ -329,7 +335,7 @@ class ReplicaServers(ProcessCluster):
         sql = self.refresh_statements(function, rset)
         t0 = time.perf_counter()
         doing = f"applying {function} of refresh set {rset.number}"
-        clients = [self.client(m.instance) for m in self.workers()]
+        clients = self._every or self._connect_all()
         waits = [(c, c.submit({"op": "execute", "sql": sql}, doing)) for c in clients]
         errors = []
         for c, pend in waits:
