@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import psutil
 
@@ -34,8 +35,17 @@ def cpu(p: psutil.Process) -> float:
 
 
 def switches(p: psutil.Process) -> int:
-    c = p.num_ctx_switches()
-    return c.voluntary + c.involuntary
+    """Context switches of every live thread of p (psutil's count is the main thread's only, and a
+    server's main thread may just wait in accept())."""
+    total = 0
+    for status in Path(f"/proc/{p.pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return total
 
 
 def measure(eng, worker, me, sqls, reps):

@@ -319,8 +319,16 @@ class ReplicaServers(ProcessCluster):
         ids = [m.instance for m in self.workers()]
         if not ids:
             raise TilewiseError(f"this {self.title} cluster has no instance")
-        every = [self.client(i) for i in ids]
-        self._every = every
+        every, failed = [], []
+        for i in ids:  # an instance that does not answer is left out of the routing, not fatal
+            try:
+                every.append(self.client(i))
+            except ServerError as e:
+                failed.append(e)
+        if not every:
+            raise failed[0]
+        if not failed:
+            self._every = every
         return every
 
     def refresh_statements(self, function: str, rset) -> list[str]:
@@ -335,7 +343,7 @@ class ReplicaServers(ProcessCluster):
         sql = self.refresh_statements(function, rset)
         t0 = time.perf_counter()
         doing = f"applying {function} of refresh set {rset.number}"
-        clients = self._every or self._connect_all()
+        clients = [self.client(m.instance) for m in self.workers()]  # every replica, or an error
         waits = [(c, c.submit({"op": "execute", "sql": sql}, doing)) for c in clients]
         errors = []
         for c, pend in waits:
