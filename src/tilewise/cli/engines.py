@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import click
 
+from tilewise import engines
 from tilewise.cli.common import console, emit_json, json_option
-from tilewise.errors import UsageError
+from tilewise.errors import TilewiseError, UsageError
 
 
 # ---- what commands take from the registry ----------------------------------------------------
@@ -25,8 +26,6 @@ class EngineChoice(click.Choice):
     @property
     def choices(self) -> list[str]:  # type: ignore[override]
         if self._choices is None:
-            from tilewise import engines
-
             self._choices = (engines.names() if self._where is None else
                              [s.name for s in engines.specs(self._where)])
         return self._choices
@@ -49,14 +48,10 @@ class LazyHelpOption(click.Option):
 
 
 def engine_summaries() -> str:
-    from tilewise import engines
-
     return "; ".join(f"{s.name}: {s.summary}" for s in engines.specs()) + "."
 
 
 def memory_help(prefix: str) -> str:
-    from tilewise import engines
-
     knobs = "; ".join(f"{s.name}: {s.capabilities.memory.describe()}"
                       for s in engines.specs(lambda s: s.capabilities.memory is not None))
     return (f"{prefix} (default: derived from its NUMA node's memory, split between the instances on that node; "
@@ -64,8 +59,6 @@ def memory_help(prefix: str) -> str:
 
 
 def coordinator_help() -> str:
-    from tilewise import engines
-
     knobs = "; ".join(f"{s.name}: {s.capabilities.coordinator_memory.describe()}"
                       for s in engines.specs(lambda s: s.capabilities.coordinator_memory is not None))
     return f"Memory of the coordinator, e.g. 2g ({knobs})."
@@ -86,8 +79,6 @@ def coordinator_mb(spec, text: str | None) -> int | None:
         return None
     knob = spec.capabilities.coordinator_memory
     if knob is None:
-        from tilewise import engines
-
         owners = [s.title for s in engines.specs(lambda s: s.capabilities.coordinator_memory is not None)]
         raise UsageError(f"--coordinator-memory sizes the {' / '.join(owners)} coordinator", f"drop it for {spec.name}")
     return knob.parse(text, "--coordinator-memory")
@@ -134,9 +125,6 @@ class _RichProgress:
 
 
 def engine_rows() -> list[dict]:
-    from tilewise import engines
-    from tilewise.errors import TilewiseError
-
     rows = []
     for name in engines.names():
         try:
@@ -151,8 +139,6 @@ def engine_rows() -> list[dict]:
 
 
 def _installable(name: str):
-    from tilewise import engines
-
     spec = engines.get(name)
     if spec.install is None:
         who = [s.name for s in engines.specs(lambda s: s.install is not None)]
@@ -204,8 +190,6 @@ def install_cmd(name, ver, keep_tarball, as_json):
 @json_option
 def remove_cmd(name, ver, as_json):
     """Delete a downloaded engine from the user cache."""
-    from tilewise import engines
-
     spec = engines.get(name)
     if spec.uninstall is None:
         raise UsageError(f"{spec.name!r} was not downloaded by tilewise",

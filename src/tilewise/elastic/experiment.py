@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilewise import engines
+from tilewise import plan as planner
 from tilewise.engines.contract import EngineSpec, Query
 from tilewise.errors import TilewiseError, UsageError
 
@@ -89,8 +91,6 @@ def _clients(runtime, queries: dict[int, str], clients: int, duration: float, se
 def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients: int, duration: float,
              interval: float, topo, th_min: float, th_max: float, threads: int, log_path: Path | None,
              seed: int = 1, spec: EngineSpec | None = None) -> dict:
-    from tilewise import engines
-    from tilewise import plan as planner
     from tilewise.elastic import daemon, enforce, modes, petri
 
     spec = spec or engines.get(engines.DEFAULT_BENCH)  # threads: the engine's, = the CPUs it starts on
