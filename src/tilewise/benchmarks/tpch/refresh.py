@@ -24,6 +24,9 @@ streams: the sets follow the specification's rules and are reproducible, but are
 to dbgen's update files. Sets are cached beside the data (``<sf dir>/refresh/set-<k>/``: orders,
 lineitem and delete keys as Parquet with the loaded tables' exact column types, plus a manifest),
 written to a temporary directory and renamed into place, one generator per set at a time.
+
+REFRESH is this module as the benchmark contract's Refresh (tilewise.benchmarks.spec); JCC-H uses
+it too (its tables have TPC-H's schema and sizes).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilewise.data import Dataset
+from tilewise.benchmarks.spec import Refresh
+from tilewise.data import Dataset, store
+from tilewise.data import refresh as data_refresh
 from tilewise.errors import TilewiseError, UsageError
 
 GENERATOR = "tilewise-tpch-refresh/1"  # bump when the generated values change: references are keyed by it
@@ -72,7 +77,7 @@ def row_range(sf: float, k: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class RefreshSet:
+class RefreshSet(data_refresh.RefreshSet):
     """Update set k: RF1 inserts `orders` and `lineitem`; RF2 deletes the orders in `delete`."""
 
     number: int
@@ -95,6 +100,9 @@ class RefreshSet:
     def to_json(self) -> dict:
         return {"set": self.number, "dir": str(self.dir), "orders": self.orders_count, "lineitems": self.lineitem_count}
 
+    def statements(self, function: str, dataset: Dataset, *, source=None) -> list[str]:
+        return statements(function, self, dataset, source=source)
+
 
 def _set_dir(dataset: Dataset, k: int) -> Path:
     return Path(dataset.dir) / "refresh" / f"set-{k}"
@@ -104,8 +112,6 @@ SET_TABLES = ("orders", "lineitem", "delete")
 
 
 def _load(d: Path, k: int) -> RefreshSet | None:
-    from tilewise.data import store
-
     if not store.is_valid(d, GENERATOR, SET_TABLES):
         return None
     man = store.read_manifest(d) or {}
@@ -117,10 +123,6 @@ def _load(d: Path, k: int) -> RefreshSet | None:
 def ensure_sets(dataset: Dataset, count: int, *, log=None) -> list[RefreshSet]:
     """Update sets 1..count of `dataset`, generated (and cached) where missing, through the data
     cache (data.store: built in a temporary directory under a lock, renamed into place)."""
-    from tilewise.data import store
-
-    if dataset.benchmark not in ("tpch", "jcch"):
-        raise UsageError(f"refresh functions are defined for TPC-H data, not {dataset.benchmark}")
     for k in range(1, count + 1):
         row_range(dataset.sf, k)  # too many sets for this SF: say so before generating anything
     out = []
@@ -277,11 +279,12 @@ def statements(function: str, rset: RefreshSet, dataset: Dataset, *, source=None
 # ---- the data state queries see --------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class State:
+class State(data_refresh.DataState):
     """The loaded data plus the inserts of sets `inserted` minus the orders of sets `deleted`."""
 
     inserted: tuple[int, ...] = ()
     deleted: tuple[int, ...] = ()
+    changed = ("orders", "lineitem")
 
     @property
     def key(self) -> str:
@@ -319,3 +322,19 @@ class State:
             parts = [base] + [f"SELECT * FROM rf_{table}_{k}" for k in self.inserted]
             sql.append(f"CREATE VIEW {table} AS " + " UNION ALL ".join(parts))
         return files, sql
+
+
+class _Refresh(Refresh):
+    functions = FUNCTIONS
+
+    def ensure_sets(self, dataset: Dataset, count: int, *, log=None) -> list[RefreshSet]:
+        return ensure_sets(dataset, count, log=log)
+
+    def loaded(self) -> State:
+        return State()
+
+    def describe(self, sf: float) -> dict:
+        return {"generator": GENERATOR, "orders_per_set": orders_per_set(sf)}
+
+
+REFRESH = _Refresh()
