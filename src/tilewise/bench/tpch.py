@@ -405,9 +405,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
             schedule += [(f1, rs), (f2, rs)]
         doc["refresh"].update({
             "applied": True, **spec.refresh.describe(cfg.sf), "sets": [rs.to_json() for rs in sets],
-            "restore": f"after each run the refresh functions are undone outside the timed region ({f1}'s rows "
-                       f"deleted, {f2}'s rows inserted again from the loaded data), so every run starts from the "
-                       "loaded data and reuses update sets 1..N"})
+            "restore": spec.refresh.restore})
     else:
         why = ("--no-refresh" if cfg.refresh is False else f"{spec.title} has no refresh functions here"
                if spec.refresh is None else f"the {cfg.engine} engine cannot write its tables")

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilewise.data import Dataset
+from tilewise.data import TABLES, Dataset
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.errors import UsageError
 
@@ -74,6 +74,7 @@ class DataCheck:
 class Data(abc.ABC):
     """How a benchmark's data set is generated, cached and checked."""
 
+    tables: tuple[str, ...] = TABLES  # the tables of a set (the TPC-H schema's unless told)
     seeded: bool = False  # the generator takes a seed (`data generate --seed`, `bench --data-seed`)
     default_seed: int | None = None
     sf_rule: str = "> 0"  # the scale factors it accepts, for help texts
@@ -269,6 +270,7 @@ class Refresh(abc.ABC):
     them (``undo-<function>``) after a run, outside the timed region."""
 
     functions: tuple[str, str] = ("RF1", "RF2")
+    restore: str = ""  # how undoing them restores the loaded data (results.json's refresh.restore)
 
     @abc.abstractmethod
     def ensure_sets(self, dataset: Dataset, count: int, *, log=None) -> list[RefreshSet]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from tilewise import benchmarks
 from tilewise.cli import LazyGroup
 
 # name -> "module:attribute"; a new command is one line here (a registered benchmark needs none).
@@ -20,15 +21,11 @@ class BenchGroup(LazyGroup):
     registry = BENCH_COMMANDS
 
     def list_commands(self, ctx):
-        from tilewise import benchmarks
-
         return sorted(set(BENCH_COMMANDS) | set(benchmarks.names()))
 
     def get_command(self, ctx, name):
         if name in BENCH_COMMANDS:
             return super().get_command(ctx, name)
-        from tilewise import benchmarks
-
         if name not in benchmarks.names():
             return None
         from tilewise.cli.bench_tpch import make_command

@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from tilewise import benchmarks
+from tilewise.benchmarks.spec import check_seed
 from tilewise.cli.common import AT_LEAST_1, ProgressBars, console, emit_json, json_option, topology_option
 
 
@@ -53,7 +54,7 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
     seeded_queries = [b for b in specs if b.query_seed]
     seeded_data = [b for b in specs if b.data.seeded]
     strict = [b for b in specs if b.data.sf_rule != own.data.sf_rule]
-    functions = "/".join(own.refresh.functions) if own.refresh else "RF1/RF2"
+    functions = f" {'/'.join(own.refresh.functions)}" if own.refresh else ""
 
     opts = [
         click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark, trino."),
@@ -90,10 +91,10 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
                      help="Tests per run: power (1 stream, with the refresh functions around the queries), "
                           "throughput (S streams + a refresh stream)."),
         click.option("--refresh/--no-refresh", "refresh", default=None,
-                     help=f"Run the refresh functions {functions} (default: where the benchmark has them and the "
+                     help=f"Run the refresh functions{functions} (default: where the benchmark has them and the "
                           "engine can write its tables)."),
         click.option("--runs", "-r", type=AT_LEAST_1, default=3, show_default=True, help="Timed runs after one warm-up run."),
-        click.option("--out", "-o", "out_dir", default="tpch-results", show_default=True, metavar="DIR",
+        click.option("--out", "-o", "out_dir", default=f"{name}-results", show_default=True, metavar="DIR",
                      help="Where results.json, results.csv and the plots go."),
         topology_option,
         click.option("--queries", "-q", "query_list", default=None, metavar="LIST",
@@ -146,7 +147,6 @@ def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_
          allocator, config_path, data_dir, mem, smt, worker_memory, no_warmup, no_plots, inject, as_json,
          qparams=None, seed=None, data_seed=None):
     from tilewise.bench import tpch as harness
-    from tilewise.benchmarks.spec import check_seed
 
     spec = benchmarks.get(benchmark)
     for flag, value, takes in (("--params", qparams, "params"), ("--seed", seed, "seed"),

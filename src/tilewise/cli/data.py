@@ -3,11 +3,16 @@ a set against its benchmark's specification, where it has one (JCC-H)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import click
 
 from tilewise import benchmarks
 from tilewise.cli import LazyGroup
 from tilewise.cli.common import ProgressBars, console, emit_json, json_option
+from tilewise.data import store, table_paths
+from tilewise.errors import TilewiseError, UsageError
 
 _SPECS = benchmarks.loadable()
 _CHECKED = [b for b in _SPECS if b.data.check_kinds]  # benchmarks with a specification to check a set against
@@ -55,10 +60,6 @@ def generate_cmd(benchmark, sf, data_dir, seed, as_json):
 
     Example: tilewise data generate --benchmark jcch --sf 1 --seed 0
     """
-    import time
-
-    from tilewise.data import store
-
     spec = benchmarks.get(benchmark)
     benchmarks.check_flag(spec, "--seed", seed, "data_seed")
     t0 = time.monotonic()
@@ -95,11 +96,6 @@ def check_cmd(benchmark, sf, data_dir, seed, set_dir, gen, as_json):
 
     Exits 1 when one fails. Example: tilewise data check --benchmark jcch --sf 1
     """
-    from pathlib import Path
-
-    from tilewise.data import table_paths
-    from tilewise.errors import TilewiseError, UsageError
-
     spec = benchmarks.get(benchmark)
     benchmarks.check_flag(spec, "--seed", seed, "data_seed")
     data = spec.data
@@ -108,10 +104,10 @@ def check_cmd(benchmark, sf, data_dir, seed, set_dir, gen, as_json):
     shown = f"{spec.title} SF {sf_v:g}" + (f" seed {seed_v}" if seed_v is not None else "")
     if set_dir:
         d = Path(set_dir)
-        missing = [t for t, p in table_paths(d).items() if not p.exists()]
+        missing = [t for t, p in table_paths(d, data.tables).items() if not p.exists()]
         if missing:
             raise UsageError(f"{d} has no {missing[0]}.parquet",
-                             f"point --dir at a folder with the {len(table_paths(d))} tables as Parquet")
+                             f"point --dir at a folder with the {len(data.tables)} tables as Parquet")
     else:
         d = data.set_dir(sf_v, seed_v, data_dir)
         if not data.is_valid(d):

@@ -326,6 +326,9 @@ class State(data_refresh.DataState):
 
 class _Refresh(Refresh):
     functions = FUNCTIONS
+    restore = ("after each run the refresh functions are undone outside the timed region (RF1's rows deleted, "
+               "RF2's rows inserted again from the loaded data), so every run starts from the loaded data and "
+               "reuses update sets 1..N")
 
     def ensure_sets(self, dataset: Dataset, count: int, *, log=None) -> list[RefreshSet]:
         return ensure_sets(dataset, count, log=log)
