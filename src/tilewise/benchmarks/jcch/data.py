@@ -1,6 +1,6 @@
 """JCC-H data: TPC-H with join-crossing correlations and skew, generated on top of tpchgen-cli output.
 
-tpchgen-cli writes the TPC-H tables (lineitem excepted); the JCC-H rules (tilewise.data.jcch_rules)
+tpchgen-cli writes the TPC-H tables (lineitem excepted); the JCC-H rules (tilewise.benchmarks.jcch.rules)
 then rewrite customer, supplier and part column-wise and regenerate partsupp, orders and lineitem:
 - partsupp: keys and row structure from the rules; availqty/supplycost/comment reused row by row
   from TPC-H's partsupp (same row count).
