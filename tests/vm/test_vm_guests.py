@@ -70,7 +70,7 @@ class Guests:
         if any("bench" in c for c in chosen.values()):
             warm_tpch_cache()
         if any("up" in c for c in chosen.values()):  # the servers load SF 0.01: made here, not under TCG
-            from tilewise.data import tpch as tpch_data
+            from tilewise.benchmarks.tpch import data as tpch_data
 
             tpch_data.ensure_data(0.01)
         jobs = int(os.environ.get("TILEWISE_VM_JOBS", "2"))
