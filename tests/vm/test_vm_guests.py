@@ -89,7 +89,10 @@ class Guests:
         self.start()
         if name not in self.futures:
             pytest.skip(f"guest {name} not selected (TILEWISE_VM_GUESTS)")
-        r = self.futures[name].result()
+        try:
+            r = self.futures[name].result()
+        except harness.VMPathError as e:  # said before booting: one line, not a traceback per test
+            pytest.fail(str(e), pytrace=False)
         self.times[name] = r
         assert r.returncode == 0, f"guest {name} exited {r.returncode}:\n{r.stderr[-3000:]}"
         doc = r.json()
