@@ -352,8 +352,9 @@ PRIVATE_DIRS = ("/tmp", "/run", "/dev/shm")
 # ...and its own kernel's /proc, /sys and /dev, where no host directory can be shown.
 KERNEL_DIRS = ("/proc", "/sys", "/dev")
 # Variables of the guest's environment naming host directories its commands read (the data caches
-# live under HOME or XDG_CACHE_HOME; the guests' native tools in TILEWISE_BIN_DIR).
+# live under HOME or XDG_CACHE_HOME; the guests' native tools in TILEWISE_BIN_DIR), and lists of them.
 PATH_ENV_KEYS = ("HOME", "XDG_CACHE_HOME", "TILEWISE_BIN_DIR")
+PATH_LIST_ENV_KEYS = ("PYTHONPATH",)
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,12 @@ def guest_shares(needed: Iterable[str | os.PathLike], optional: Iterable[str | o
         if not any(_under(mountpoint, s.mountpoint) for s in shares):
             shares.append(Share(mountpoint, picked[mountpoint]))
     return shares
+
+
+def env_paths(env: dict[str, str]) -> list[str]:
+    """The host directories a guest environment names (PATH_ENV_KEYS, and the entries of PATH_LIST_ENV_KEYS)."""
+    paths = [env[k] for k in PATH_ENV_KEYS if env.get(k)]
+    return paths + [p for k in PATH_LIST_ENV_KEYS for p in env.get(k, "").split(os.pathsep) if p]
 
 
 def command_paths(command: str | list[str]) -> list[str]:
@@ -647,7 +654,9 @@ class GuestResult:
                       f"stdout tail:\n{self.stdout[-3000:]}\nstderr tail:\n{self.stderr[-3000:]}")
 
 
-DEFAULT_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "PYTHONHASHSEED", "XDG_CACHE_HOME")
+# passed on to the guest: the caches (HOME, XDG_CACHE_HOME) and the sources (PYTHONPATH: a worktree's src
+# before the shared virtual environment's) the host's commands use
+DEFAULT_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "PYTHONHASHSEED", "XDG_CACHE_HOME", "PYTHONPATH")
 
 
 def guest_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -698,7 +707,7 @@ def run(t: GuestTopology, command: str | list[str], *, cwd: str | os.PathLike | 
         command = shlex.join(command)
     cwd = os.path.abspath(cwd or os.getcwd())
     env = guest_env(env)
-    shares = guest_shares([cwd, *share], [*command_paths(command), *(env[k] for k in PATH_ENV_KEYS if k in env)])
+    shares = guest_shares([cwd, *share], [*command_paths(command), *env_paths(env)])
     auto = accel is None and os.environ.get("TILEWISE_VM_ACCEL") not in ("tcg", "kvm")
     accel = accel or accelerator()
     try:

@@ -93,17 +93,20 @@ def test_run_says_so_before_booting(monkeypatch, under_tmp):
 
 def test_run_shows_the_directory_the_argv_the_caches_and_the_shared_paths(monkeypatch, under_tmp):
     """What run() hands the guest: the command's directory, pytest's tmp_path (share=), the absolute paths
-    of its argv, the data cache (XDG_CACHE_HOME, forwarded) and the native tools (TILEWISE_BIN_DIR)."""
-    for d in ("co", "tmp_path", "cache", "bin", "data"):
+    of its argv, the data cache (XDG_CACHE_HOME), the sources (PYTHONPATH; both passed on) and the
+    native tools (TILEWISE_BIN_DIR)."""
+    for d in ("co", "tmp_path", "cache", "bin", "data", "src"):
         (under_tmp / d).mkdir()
     monkeypatch.setattr(harness, "missing_prerequisites", lambda: None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(under_tmp / "cache"))
+    monkeypatch.setenv("PYTHONPATH", f"{under_tmp / 'src'}{os.pathsep}/usr/lib{os.pathsep}{under_tmp / 'gone'}")
     seen = {}
     monkeypatch.setattr(harness, "_run", lambda t, command, **k: seen.update(k, command=command))
     harness.run(harness.GuestTopology("single-node", cores=2), ["/usr/bin/env", str(under_tmp / "data"), "x"],
                 cwd=under_tmp / "co", env={"TILEWISE_BIN_DIR": str(under_tmp / "bin")}, share=[under_tmp / "tmp_path"])
     assert seen["env"]["XDG_CACHE_HOME"] == str(under_tmp / "cache")
-    assert seen["shares"] == [Share(str(under_tmp / d), str(under_tmp / d)) for d in ("bin", "cache", "co", "data", "tmp_path")]
+    assert seen["env"]["PYTHONPATH"] == os.environ["PYTHONPATH"]
+    assert seen["shares"] == [Share(str(under_tmp / d), str(under_tmp / d)) for d in ("bin", "cache", "co", "data", "src", "tmp_path")]
     assert harness.command_paths(f"cat {under_tmp}/'a b' -n /etc/hosts") == [f"{under_tmp}/a b", "/etc/hosts"]
 
 
