@@ -29,6 +29,8 @@ import importlib
 import itertools
 import json
 import os
+import shlex
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -279,7 +281,7 @@ class StartedProcess(Target):
     pid: int | None = None
     start: int | None = None
     token: str | None = None
-    var: str = "TILEWISE_SPAWN"
+    var: str = procs.SPAWN_VAR
     name: str = ""
 
     def lock_key(self) -> str:
@@ -288,23 +290,17 @@ class StartedProcess(Target):
     def describe(self, key: str) -> str:
         return f"{self.name or 'process'} ({f'pid {self.pid}' if self.pid else f'token {self.token}'})"
 
-    def _tree(self):
-        from tilewise import launch
-
+    def _tree(self) -> procs.Tree:
         leader = ProcId(self.pid, self.start) if self.pid and self.start is not None else None
-        return launch.Tree(leader, self.token, self.var)
+        return procs.Tree(leader, self.token, self.var)
 
     def get(self, key: str) -> str:
-        from tilewise import launch
-
-        return "running" if launch._members([self._tree()], "/proc") else "stopped"
+        return "running" if procs.members([self._tree()]) else "stopped"
 
     def set(self, key: str, value: str) -> None:
-        from tilewise import launch
-
         if value == "running":
             raise OSError(22, "a stopped process cannot be started again by undo")
-        rep = launch.stop(self._tree())
+        rep = procs.stop(self._tree())
         if not rep.ok:
             raise OSError(16, rep.summary())
 
@@ -334,9 +330,6 @@ class Change:
 
 
 def _own_command(limit: int = 80) -> str:
-    import shlex
-    import sys
-
     argv = list(sys.argv)
     if argv and os.path.basename(argv[0]) == "tilewise":
         cmd = shlex.join(["tilewise", *argv[1:]])

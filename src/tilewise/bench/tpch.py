@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import cpulist, launch, topology
+from tilewise import cpulist, topology
+from tilewise.binding import ensure_runnable
 from tilewise.bench import queries as Q
 from tilewise.data import dataset_for
 from tilewise.data import refresh as RF
@@ -233,7 +234,7 @@ def check_config(cfg: Config):
     plans = make_plans(cfg, topo)
     live_fp = topology.load(None).fingerprint() if cfg.topology_src else None
     for _, p in plans:
-        launch.ensure_runnable(p, live_fp)
+        ensure_runnable(p, live_fp)
     return engine_cls, topo, plans
 
 
