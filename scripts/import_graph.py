@@ -41,17 +41,17 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _targets(node: ast.Import | ast.ImportFrom, here: str, is_pkg: bool, modules: set[str]) -> list[str]:
-    """The tilewise modules an import statement names."""
+def _targets(node: ast.Import | ast.ImportFrom, here: str, is_pkg: bool, modules: set[str], pkg: str) -> list[str]:
+    """The modules of pkg an import statement names."""
     if isinstance(node, ast.Import):
-        return [a.name for a in node.names if a.name == PKG or a.name.startswith(PKG + ".")]
+        return [a.name for a in node.names if a.name == pkg or a.name.startswith(pkg + ".")]
     if node.level:
         base = here.split(".") if is_pkg else here.split(".")[:-1]
         base = base[: len(base) - (node.level - 1)]
         mod = ".".join(base + ([node.module] if node.module else []))
     else:
         mod = node.module or ""
-    if mod != PKG and not mod.startswith(PKG + "."):
+    if mod != pkg and not mod.startswith(pkg + "."):
         return []
     out = []
     for a in node.names:
@@ -60,8 +60,9 @@ def _targets(node: ast.Import | ast.ImportFrom, here: str, is_pkg: bool, modules
     return out
 
 
-def scan(src: Path) -> dict:
-    files = sorted((src / PKG).rglob("*.py"))
+def scan(src: Path, pkg: str = PKG) -> dict:
+    """The counts and circles above for package pkg under directory src."""
+    files = sorted((Path(src) / pkg).rglob("*.py"))
     modules = {module_name(f, src) for f in files}
     edges: dict[str, set[str]] = {m: set() for m in modules}
     top_edges: dict[str, set[str]] = {m: set() for m in modules}
@@ -76,7 +77,7 @@ def scan(src: Path) -> dict:
             nonlocal type_checking
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, (ast.Import, ast.ImportFrom)):
-                    for t in _targets(child, here, is_pkg, modules):
+                    for t in _targets(child, here, is_pkg, modules, pkg):
                         if t == here:
                             continue
                         if in_tc:
@@ -93,7 +94,7 @@ def scan(src: Path) -> dict:
                 visit(child, func, tc)
 
         visit(tree, False, False)
-    outside_cli = [x for x in local if not x[2].startswith(f"{PKG}.cli")]
+    outside_cli = [x for x in local if x[2] != f"{pkg}.cli" and not x[2].startswith(f"{pkg}.cli.")]
     statements = {(p, n) for p, n, _, _ in local}
     statements_outside_cli = {(p, n) for p, n, m, _ in outside_cli}
     largest = max(files, key=lambda p: sum(1 for _ in p.open()))

@@ -131,6 +131,51 @@ def test_a_binding_the_kernel_refuses_says_why():
         launch.spawn(["true"], Binding((4095,)))
 
 
+# ---- one process identity: pid + start time -----------------------------------------------------
+
+def _fake_stat(proc: Path, pid: int, start: int, btime: int = 1_700_000_000) -> None:
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\n")
+    rest = ["S", "1", str(pid), str(pid)] + ["0"] * 15 + [str(start)] + ["0"] * 20  # field 22: start
+    (proc / str(pid) / "stat").write_text(f"{pid} (a) b) {' '.join(rest)}\n")
+
+
+def test_a_record_names_its_process_by_pid_and_start_time_and_old_records_are_upgraded(tmp_path):
+    proc = tmp_path / "proc"
+    _fake_stat(proc, 4242, start=123_456)
+    ident = ProcId(4242, 123_456)
+    assert ProcId.of(4242, str(proc)) == ident
+    created = ident.wall_clock(str(proc))
+    assert created == 1_700_000_000 + 123_456 / procs.TICKS_PER_S
+    assert ProcId.recorded(4242, start=123_456) == ident  # what tilewise writes now
+    # records from before start times carry psutil's create_time (boot time + start, in seconds)
+    assert ProcId.recorded(4242, None, created + 0.4, str(proc)) == ident
+    assert ProcId.recorded(4242, None, created - 5, str(proc)) is None  # the pid now names another process
+    assert ProcId.recorded(4243, None, created, str(proc)) is None  # gone
+    assert ProcId.recorded(4242, None, None, str(proc)) is None  # a pid alone names nothing
+    (proc / "stat").write_text("cpu  1 2 3 4\n")
+    assert ident.wall_clock(str(proc)) is None and ProcId.recorded(4242, None, created, str(proc)) is None
+
+
+def test_psutils_create_time_in_an_old_cluster_record_still_finds_the_live_member():
+    import psutil
+
+    from tilewise.engines import procgroup
+
+    child = launch.spawn(["sleep", "30"])
+    try:
+        old = {"role": "worker", "instance": 0, "pid": child.pid, "create_time": psutil.Process(child.pid).create_time(),
+               "binding": {"cpus": None}, "log": ""}  # no "start": written before start times were kept
+        m = procgroup.Member.from_json(old)
+        assert m.start == child.ident.start and m.alive() == (True, "")
+        assert procgroup.Member.from_json(m.to_json()).start == child.ident.start
+    finally:
+        procs.stop(child)
+    assert m.alive() == (False, "exited")
+    gone = procgroup.Member.from_json(old)  # loaded after the process ended
+    assert gone.start is None and gone.alive()[0] is False
+
+
 # ---- tilewise exec: signals, exit codes -------------------------------------------------------
 
 def _exec(*cmd, **kw):

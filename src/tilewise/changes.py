@@ -17,7 +17,8 @@ processes tilewise started. The rules:
 - after ``kill -9`` at any point, ``tilewise restore`` (``restore_all``) undoes what dead owners
   left; a new controller of a target undoes its dead predecessor's journal first.
 
-State lives in ``state_dir()``: journals/ and locks/.
+State lives in ``dirs.state_dir()`` ($TILEWISE_STATE_DIR, /run/tilewise for root, ...): journals/
+and locks/.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tilewise import cpulist, procs, signals
+from tilewise.dirs import state_dir
 from tilewise.errors import TilewiseError
 from tilewise.fsutil import atomic_write_json
 from tilewise.procs import ProcId
@@ -46,18 +48,6 @@ from tilewise.procs import ProcId
 FORMAT = "tilewise-journal"
 VERSION = 1
 LOCK_FORMAT = "tilewise-lock"
-
-
-def state_dir() -> Path:
-    """$TILEWISE_STATE_DIR, else /run/tilewise for root (reset at boot, like everything recorded
-    here), else $XDG_RUNTIME_DIR/tilewise, else ~/.local/state/tilewise."""
-    if os.environ.get("TILEWISE_STATE_DIR"):
-        return Path(os.environ["TILEWISE_STATE_DIR"])
-    if os.geteuid() == 0:
-        return Path("/run/tilewise")
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(os.environ["XDG_RUNTIME_DIR"]) / "tilewise"
-    return Path(os.path.expanduser("~/.local/state/tilewise"))
 
 
 class Gone(Exception):

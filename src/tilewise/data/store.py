@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tilewise import dirs
 from tilewise.data import TABLES
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json, replace_dir
@@ -31,8 +32,7 @@ Progress = Callable[[str, float, "float | None"], None]
 
 def cache_root(kind: str) -> Path:
     """~/.cache/tilewise/<kind> (XDG_CACHE_HOME honoured)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tilewise" / kind
+    return dirs.cache_dir(kind)
 
 
 def read_manifest(d: Path) -> dict | None:
