@@ -126,7 +126,7 @@ class Member:
     def from_json(cls, d: dict) -> Member:
         b = d["binding"]
         binding = Binding(tuple(b["cpus"]) if b.get("cpus") is not None else None, b.get("mem_policy", "first-touch"),
-                                 tuple(b.get("mem_nodes", ())), b.get("allocator", "system"))
+                          tuple(b.get("mem_nodes", ())), b.get("allocator", "system"))
         return cls(d["role"], d.get("instance"), int(d["pid"]), float(d["create_time"]), binding, d.get("log", ""),
                    int(d.get("cores", 0)), int(d.get("memory_mb", 0)), extra=dict(d.get("extra") or {}),
                    start=_start_of(d), token=d.get("token"))
