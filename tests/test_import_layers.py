@@ -20,12 +20,7 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 # Circles that other branches of issue 18 remove. The lead deletes each entry after merging the
 # branch named; the test fails on a circle that is not listed AND on a listed one that is gone.
-KNOWN_CIRCLES = {
-    # benchmark contract: "the queries circle is gone"
-    frozenset({"tilewise.bench.queries", "tilewise.bench.jcch_queries"}),
-    # benchmark contract: data/__init__ (dataset_for) imports the generators, which import it back
-    frozenset({"tilewise.data", "tilewise.data.jcch", "tilewise.data.store", "tilewise.data.tpch"}),
-}
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 # Modules that import every tilewise module they use at the top (the rule: function-local
 # imports of tilewise modules only for CLI dispatch and heavy optional third-party modules). The
