@@ -182,6 +182,8 @@ def build(
         cpus = tuple(sorted(node_cpu.get(nid, ())))
         kind = rn.kind or ("dram" if cpus else "memory")
         pkg = node_pkg.get(nid, pkg_id.get(rn.package, rn.package))
+        if pkg not in pkg_cpu:  # a package with no PU here (emptied by a restriction): none
+            pkg = None
         numa_nodes.append(NumaNode(nid, cpus, rn.memory_bytes, pkg, kind, rn.invented))
     packages = tuple(Package(pid, tuple(sorted(c)), *pkg_flags[pid]) for pid, c in sorted(pkg_cpu.items()))
 

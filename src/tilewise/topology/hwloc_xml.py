@@ -347,8 +347,15 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
     allowed = _mask(machine.get("allowed_cpuset"), f"{where}: allowed_cpuset")
     allowed_nodes = _mask(machine.get("allowed_nodeset"), f"{where}: allowed_nodeset")
     invented = {n.id for n in nodes.values() if n.invented}
-    if allowed_nodes is not None and invented:
-        allowed_nodes = tuple(i for i in allowed_nodes if i not in invented)
+    marked = sorted(n for n in invented if n in r.nodes)
+    if marked:
+        notes.append(note("note", f"node(s) {cpulist.format(marked)} are marked {INVENTED_INFO}: an invented node "
+                                  "tilewise exported (hwloc shows it as a real node)"))
+    made = invented - set(r.nodes)  # invented here for PUs without a node: their memory is not allowed
+    if allowed_nodes is not None and made:
+        allowed_nodes = tuple(i for i in allowed_nodes if i not in made)
+    elif allowed_nodes is None and made and r.nodes:
+        allowed_nodes = tuple(sorted(r.nodes))
     if allowed is not None and set(allowed) & seen != seen:
         notes.append(note("note", f"the file marks CPUs {cpulist.format(sorted(seen - set(allowed)))} disallowed: "
                                   "hwloc hides them unless --disallowed, tilewise shows them and plans on the allowed ones"))
@@ -375,8 +382,8 @@ def _place_orphans(r: _Reader, machine: ET.Element, notes: list[dict]) -> tuple[
                                               "re-export it with `lstopo --of xml FILE`")
         mem = _int(machine, "local_memory", 0, f"{r.where}: Machine")
         nodes[0] = RawNode(0, mem, (), None, None, invented=True)
-        notes.append(note("note", "the hwloc 1.x file has no NUMA node (a machine without NUMA): as hwloc, one "
-                                  f"node P#0 holds every CPU ({human_bytes(mem)}, the Machine's memory)"))
+        notes.append(note("note", "the hwloc 1.x file has no NUMA node (a machine without NUMA): as hwloc, an "
+                                  f"invented node P#0 holds every CPU ({human_bytes(mem)}, the Machine's memory)"))
         target = {i: 0 for i in range(len(r.orphans))}
     else:
         free = max(nodes) + 1
@@ -406,11 +413,7 @@ def _distances(root: ET.Element, r: _Reader, node_ids: list[int], invented: set[
     measurements: dict = {}
     real = [n for n in node_ids if n not in invented]
     if r.major < 2:
-        distances = _v1_distances(r.node_order, root, r, notes)
-        if distances is not None and invented:
-            notes.append(note("note", "the file's distance matrix does not cover the invented node(s): default distances shown"))
-            distances = None
-        return distances, "firmware", measurements
+        return _v1_distances(r.node_order, root, r, notes), "firmware", measurements
     for d in root.iter("distances2"):
         where = f"{r.where}: distances2 {d.get('name', '')!r}".replace(" ''", "")
         missing = [a for a in ("nbobjs", "type", "indexing", "kind") if not (d.get(a) or "").strip()]
@@ -440,8 +443,14 @@ def _distances(root: ET.Element, r: _Reader, node_ids: list[int], invented: set[
                                  "indexing=\"os\" lists NUMANode os_index values") from None
             pos = {nid: k for k, nid in enumerate(ids)}
             if all(nid in pos for nid in real):  # nodes the file left out are dropped, as hwloc restricts it
-                distances = [[rows[pos[a]][pos[b]] for b in real] for a in real]
+                # an invented node has no row: 10 to itself, 20 to the others
+                distances = [[rows[pos[a]][pos[b]] if a in pos and b in pos else (10 if a == b else 20)
+                              for b in node_ids] for a in node_ids]
                 source = "user" if kind & KIND_FROM_USER and not kind & KIND_FROM_OS else "firmware"
+                if any(n not in pos for n in node_ids):
+                    source = "partial"
+                    notes.append(note("note", f"distances to invented node(s) {cpulist.format(sorted(invented))} "
+                                              "are not in the file: 10/20 shown for them"))
             else:
                 notes.append(note("note", f"{where.split(': ', 1)[1]} covers nodes "
                                           f"{cpulist.format(sorted(set(ids) & set(real)))} only: default distances shown"))
@@ -453,9 +462,6 @@ def _distances(root: ET.Element, r: _Reader, node_ids: list[int], invented: set[
                 "cpus": [int(i) for i in indexes],
                 "values": [[v / MEASURE_SCALE for v in row] for row in rows],
             }
-    if distances is not None and invented:
-        notes.append(note("note", "the file's distance matrix does not cover the invented node(s): default distances shown"))
-        distances = None
     return distances, source, measurements
 
 
@@ -582,6 +588,10 @@ def dumps(t: Topology) -> str:
 
     for cpuless in [n for n in t.numa_nodes if n.cpuless]:
         mem_child(machine, cpuless, all_cpus)
+    # a node whose CPUs are in several packages hangs from the Machine, as hwloc puts it
+    wide = {n.id for n in t.cpu_nodes if len({t.core_of_cpu[p].package for p in n.cpus}) > 1}
+    for nid in sorted(wide):
+        mem_child(machine, t.node_by_id[nid], t.node_by_id[nid].cpus)
     for pkg in t.packages:
         pcores = [c for c in t.cores if c.package == pkg.id]
         pnodes = sorted({c.numa_node for c in pcores})
@@ -613,7 +623,8 @@ def dumps(t: Topology) -> str:
                 parent = pe
                 if len(pnodes) > 1 or (pkg.invented and len(t.cpu_nodes) > 1):
                     parent = obj(pe, "Group", node.cpus, [nid], kind=1001, subkind=0)
-                mem_child(parent, node, node.cpus)
+                if nid not in wide:
+                    mem_child(parent, node, node.cpus)
                 for lid in sorted({c.l3 for c in ncores}):
                     lcores = [c for c in ncores if c.l3 == lid]
                     le = parent
@@ -633,9 +644,12 @@ def dumps(t: Topology) -> str:
                 text = " ".join(str(v) for v in items[off:off + PER_ELEMENT]) + " "
                 ET.SubElement(de, tag, {"length": str(len(text))}).text = text
 
-    if t.distances_source != "default" and len(all_nodes) > 1:
+    # the source's matrix only: none when it is the default one, without invented nodes when partial
+    real = [k for k, n in enumerate(t.numa_nodes) if not (t.distances_source == "partial" and n.invented)]
+    if t.distances_source != "default" and len(real) > 1:
         kind = (KIND_FROM_USER if t.distances_source == "user" else KIND_FROM_OS) | KIND_LATENCY
-        matrix("NUMALatency", "NUMANode", kind, all_nodes, t.distances)
+        matrix("NUMALatency", "NUMANode", kind, [all_nodes[k] for k in real],
+               [[t.distances[a][b] for b in real] for a in real])
     for key, m in sorted(t.measurements.items()):
         kind = KIND_FROM_USER | (KIND_BANDWIDTH if "bandwidth" in key else KIND_LATENCY)
         rows = [[round(max(v, 0) * MEASURE_SCALE) for v in r] for r in m["values"]]

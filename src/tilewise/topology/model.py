@@ -95,7 +95,9 @@ class MemoryCache:
     level: int = 1  # hwloc's cache depth: 1 nearest to the memory
 
 
-DISTANCE_SOURCES = ("firmware", "user", "default")  # OS/firmware SLIT, hwloc-annotate & co, invented 10/20
+# OS/firmware SLIT; added by a tool (hwloc-annotate & co); invented 10/20; the firmware's with
+# 10/20 for invented nodes
+DISTANCE_SOURCES = ("firmware", "user", "default", "partial")
 
 
 @dataclass
@@ -111,7 +113,8 @@ class Topology:
     # Measured matrices keyed by name ("latency_ns", "bandwidth_gbs"): {"cpus": [...], "values": [[...]]}
     measurements: dict = field(default_factory=dict)
     # where the distance matrix comes from: firmware (the OS/firmware SLIT), user (added to the
-    # XML by a tool such as hwloc-annotate) or default (none in the source: 10 local, 20 remote)
+    # XML by a tool such as hwloc-annotate), default (none in the source: 10 local, 20 remote) or
+    # partial (the source's, with 10/20 for nodes the model invented)
     distances_source: str = "firmware"
     allowed_nodes: tuple[int, ...] | None = None  # NUMA nodes whose memory may be used; None: all
     memory_caches: tuple[MemoryCache, ...] = ()

@@ -89,6 +89,7 @@ DIST_SOURCE_WORDS = {
     "firmware": "from the firmware",
     "user": "added by a tool (not the firmware)",
     "default": "default 10/20: none in the source, hwloc shows none",
+    "partial": "from the source, 10/20 for invented nodes",
 }
 
 

@@ -48,16 +48,19 @@ def _read_opt(path: Path) -> str | None:
         return None
 
 
-def _cpus(d: Path, stem: str) -> tuple[int, ...] | None:
-    """A CPU set from the list file (``<stem>_list``; a node's ``cpulist`` for ``cpumap``), else from
-    the mask file ``<stem>`` as hwloc reads it; None when neither is there, () when it is empty."""
-    name = "cpulist" if stem == "cpumap" else f"{stem}_list"
+_LIST_OF_MASK = {"cpumap": "cpulist", "shared_cpu_map": "shared_cpu_list"}
+
+
+def _cpus(d: Path, mask: str) -> tuple[int, ...] | None:
+    """A CPU set from the list file (``<mask>_list``, ``cpulist``, ``shared_cpu_list``), else from
+    the mask file as hwloc reads it; None when neither is there, () when it is empty."""
+    name = _LIST_OF_MASK.get(mask, f"{mask}_list")
     text = _read_opt(d / name)
     if text is not None:
         return cpulist.parse(text, what=f"{d}/{name}", allow_empty=True)
-    text = _read_opt(d / stem)
+    text = _read_opt(d / mask)
     if text is not None:
-        return cpulist.parse_mask(text, what=f"{d}/{stem}")
+        return cpulist.parse_mask(text, what=f"{d}/{mask}")
     return None
 
 
@@ -108,16 +111,17 @@ def _read_nodes(base: Path, cpus: tuple[int, ...], notes: list[dict]):
         if listed is None:
             raise UsageError(f"{nd} has neither cpulist nor cpumap", "is this a copy of /sys/devices/system?")
         ncpus = tuple(c for c in listed if c in online)
+        dtext = _read_opt(nd / "distance")
         if set(ncpus) & cpu_node.keys():
             dropped[nid] = ncpus  # as hwloc: a node overlapping earlier ones is ignored
-            continue
-        for c in ncpus:
-            cpu_node[c] = nid
-        mem = 0
-        if m := re.search(r"MemTotal:\s+(\d+)\s*kB", _read_opt(nd / "meminfo") or ""):
-            mem = int(m.group(1)) * 1024
-        raw_nodes.append(RawNode(nid, mem, ncpus, None, None if ncpus else _memory_kind(base, nid)))
-        dtext = _read_opt(nd / "distance")
+        else:
+            for c in ncpus:
+                cpu_node[c] = nid
+            mem = 0
+            if m := re.search(r"MemTotal:\s+(\d+)\s*kB", _read_opt(nd / "meminfo") or ""):
+                mem = int(m.group(1)) * 1024
+            raw_nodes.append(RawNode(nid, mem, ncpus, None, None if ncpus else _memory_kind(base, nid)))
+            caches.extend(_memory_side_caches(nd, nid))
         if dtext is None:
             no_distance = True
         else:
@@ -128,7 +132,6 @@ def _read_nodes(base: Path, cpus: tuple[int, ...], notes: list[dict]):
             if len(row) != len(node_ids):
                 raise UsageError(f"{nd}/distance has {len(row)} entries for {len(node_ids)} nodes")
             rows[nid] = row
-        caches.extend(_memory_side_caches(nd, nid))
     if dropped:
         _firmware_overlap(node_ids, dropped, cpu_node, raw_nodes, notes, base)
     distances = None
@@ -177,8 +180,11 @@ def _memory_side_caches(nd: Path, nid: int) -> list[RawMemCache]:
     return out
 
 
-def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_path: str = "/proc/meminfo") -> Topology:
+def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_path: str | None = None) -> Topology:
     base = resolve_root(root)
+    if meminfo_path is None:  # a saved tree's own /proc/meminfo (hwloc-gather-topology keeps it)
+        saved = base.parents[2] / "proc" / "meminfo" if base.name == "system" and len(base.parents) > 2 else None
+        meminfo_path = str(saved) if saved is not None and saved.is_file() else "/proc/meminfo"
     cpu_dir = base / "cpu"
     online_text = _read_opt(cpu_dir / "online")
     if online_text:
@@ -238,7 +244,7 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
         if cache_dir.is_dir():
             for idx in sorted(cache_dir.glob("index*")):
                 if _read_opt(idx / "level") == "3" and (_read_opt(idx / "type") or "Unified") in ("Unified", "Data"):
-                    shared = _cpus(idx, "shared_cpu")
+                    shared = _cpus(idx, "shared_cpu_map")
                     if shared is None:
                         raise UsageError(f"{idx} has neither shared_cpu_list nor shared_cpu_map")
                     # as hwloc: an empty map means the core's own threads
