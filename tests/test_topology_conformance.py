@@ -367,3 +367,16 @@ def test_truncated_matrix_names_element_and_counts():
     with pytest.raises(UsageError, match=r"distances2 'NUMALatency': 10 indexes and 121 values for nbobjs=11 "
                                          r"\(over 1 <indexes>"):
         hwloc_xml.load("t.xml", text=broken)
+
+
+def test_24_node_4096_pu_export_with_matrix_and_memattrs_loads(tmp_path):
+    """The Measure case of scripts/bench_cli_speed.py loads (its time is a benchmark, not a test)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_cli_speed", HERE.parents[2] / "scripts" / "bench_cli_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    t = topology.load(bench.big_numa_export(str(tmp_path / "big.xml")))
+    assert len(t.pus) == 4096 and len(t.numa_nodes) == 24 and t.distances_source == "firmware"
+    assert t.distance(0, 11) == 12 and t.distance(0, 23) == 21
+    assert {k: len(v["values"]) for k, v in t.memattrs.items()} == {"Bandwidth": 576, "Latency": 576}

@@ -94,14 +94,36 @@ def _index(obj: ET.Element, attr: str, default: int | None, where: str) -> int:
     return _int(obj, attr, default, where, limit=cpulist.MAX_ID - 1)
 
 
+_MASKS: dict[str, tuple[int, ...]] = {}  # bitmaps repeat (memattr initiators, nodesets): decode each once
+
+
 def _mask(text: str | None, what: str) -> tuple[int, ...] | None:
-    """An hwloc bitmap ("0x0000ffff,,0x0000ffff"); None when absent or infinite ("0xf...f")."""
+    """An hwloc bitmap ("0x0000ffff,,0x0000ffff": 32-bit words, most significant first, empty for
+    zero); None when absent or infinite ("0xf...f")."""
     if text is None or "f...f" in text:
         return None
-    ids = cpulist.parse_mask(text, what=what)
-    if ids and ids[-1] >= cpulist.MAX_ID:
-        raise UsageError(f"{what} names index {ids[-1]}, beyond any machine")
-    return ids
+    if text in _MASKS:
+        return _MASKS[text]
+    words = text.strip().split(",")
+    if len(words) * 32 > cpulist.MAX_ID:
+        raise UsageError(f"{what} is longer than any machine's bitmap")
+    ids: list[int] = []
+    try:
+        for k, w in enumerate(reversed(words)):  # word k holds bits 32k..32k+31
+            w = w.strip()
+            v = int(w[2:] if w[:2].lower() == "0x" else w or "0", 16) if w not in ("", "0x") else 0
+            if v >> 32:
+                raise ValueError
+            while v:
+                low = v & -v
+                ids.append(32 * k + low.bit_length() - 1)
+                v ^= low
+    except ValueError:
+        raise UsageError(f"{what}: malformed bitmap {text[:40]!r}", "hwloc writes 0x-prefixed 32-bit hex words") from None
+    out = tuple(ids)
+    if len(_MASKS) < 4096:
+        _MASKS[text] = out
+    return out
 
 
 def _version(root: ET.Element, path) -> tuple[int, str]:
@@ -532,6 +554,22 @@ def _memattrs(root: ET.Element, r: _Reader, where: str) -> dict:
 
 # ---- export ---------------------------------------------------------------------------------
 
+def format_mask(ids) -> str:
+    """hwloc's bitmap text: 32-bit words from the highest set one, zero words left empty except the
+    last ("0x0000ffff,,0x0000ffff", "0x00000001,0x0"); "0x0" for none."""
+    words: dict[int, int] = {}
+    for i in ids:
+        words[i >> 5] = words.get(i >> 5, 0) | (1 << (i & 31))
+    if not words:
+        return "0x0"
+    top = max(words)
+    parts = [f"0x{words[top]:08x}"]
+    for k in range(top - 1, -1, -1):
+        w = words.get(k, 0)
+        parts.append(f"0x{w:08x}" if w else ("0x0" if k == 0 else ""))
+    return ",".join(parts)
+
+
 def dumps(t: Topology) -> str:
     gp = iter(range(1, 1 << 30))
     all_cpus = t.pus
@@ -541,15 +579,15 @@ def dumps(t: Topology) -> str:
     def obj(parent: ET.Element | None, typ: str, cpus, nodeset, **attrs) -> ET.Element:
         a = {"type": typ}
         a.update({k: str(v) for k, v in attrs.items() if v is not None})
-        a["cpuset"] = a["complete_cpuset"] = cpulist.format_mask(cpus)
-        a["nodeset"] = a["complete_nodeset"] = cpulist.format_mask(nodeset)
+        a["cpuset"] = a["complete_cpuset"] = format_mask(cpus)
+        a["nodeset"] = a["complete_nodeset"] = format_mask(nodeset)
         a["gp_index"] = str(next(gp))
         return ET.Element("object", a) if parent is None else ET.SubElement(parent, "object", a)
 
     root = ET.Element("topology", {"version": "2.0"})
     machine = obj(None, "Machine", all_cpus, all_nodes, os_index=0)
-    machine.set("allowed_cpuset", cpulist.format_mask(t.allowed_cpus if t.allowed_cpus is not None else all_cpus))
-    machine.set("allowed_nodeset", cpulist.format_mask(t.mem_allowed_nodes))
+    machine.set("allowed_cpuset", format_mask(t.allowed_cpus if t.allowed_cpus is not None else all_cpus))
+    machine.set("allowed_nodeset", format_mask(t.mem_allowed_nodes))
     root.append(machine)
     ET.SubElement(machine, "info", {"name": "Backend", "value": "tilewise"})
     ET.SubElement(machine, "info", {"name": "tilewise:source", "value": t.source})
@@ -660,7 +698,7 @@ def dumps(t: Topology) -> str:
             a = {"target_obj_type": "NUMANode", "target_obj_gp_index": str(node_gp[v["target_node"]]),
                  "value": str(v["value"])}
             if v.get("initiator_cpus") is not None:
-                a["initiator_cpuset"] = cpulist.format_mask(v["initiator_cpus"])
+                a["initiator_cpuset"] = format_mask(v["initiator_cpus"])
             ET.SubElement(me, "memattr_value", a)
 
     ET.indent(root, space="  ")

@@ -145,7 +145,11 @@ def to_json(t: Topology) -> dict:
         "allowed_nodes": list(t.allowed_nodes) if t.allowed_nodes is not None else None,
         "memory_caches": [{"id": m.id, "numa_nodes": list(m.numa_nodes), "size_bytes": m.size_bytes, "level": m.level}
                           for m in t.memory_caches],
-        "memattrs": t.memattrs,
+        # initiators as kernel CPU lists ("0-87,176-263"): thousands of values stay readable
+        "memattrs": {name: {"flags": a["flags"], "values": [
+            {"target_node": v["target_node"], "value": v["value"],
+             "initiator_cpus": cpulist.format(v["initiator_cpus"]) if v["initiator_cpus"] is not None else None}
+            for v in a["values"]]} for name, a in t.memattrs.items()},
         "measurements": t.measurements,
         "notes": [dict(n) for n in t.notes],
     }
