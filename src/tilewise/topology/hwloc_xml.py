@@ -158,7 +158,6 @@ class _Reader:
         self.orphans: list[tuple[int, str | None]] = []  # PUs without a NUMA node: (cpu, complete_nodeset)
         self.saw_package = self.saw_core = False
         self.unknown_packages = 0
-        self.cpuless_dram: set[int] = set()
 
     def err(self, what: str, hint: str = "") -> UsageError:
         return UsageError(f"{self.where}: {what}", hint or "produce the file with `lstopo --of xml FILE`")
