@@ -5,7 +5,8 @@ Where tilewise's model has to differ from hwloc's reading (a PU needs a NUMA nod
 core in the model), the difference must be marked in the model (``invented``, ``distances_source``)
 and explained in ``Topology.notes``; everything else must be equal: PUs, cores, packages (with OS
 indexes), NUMA nodes (CPUs, memory), L3 caches (CPUs, size), memory-side caches, the latency
-matrix and memory attributes. About 4 s on 2 cores.
+matrix and memory attributes. About 2 s of CPU (hwloc-info and lstopo included); wall time
+is mostly waiting on those subprocesses.
 """
 
 from __future__ import annotations
