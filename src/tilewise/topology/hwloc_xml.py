@@ -361,6 +361,10 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
     if r.unknown_packages:
         notes.append(note("note", f"{r.unknown_packages} package(s) without os_index: numbered after the others, "
                                   "OS index unknown (hwloc prints them without P#)"))
+    pieces = {k for k in r.l3_sizes if k[0] == "l3-piece"}
+    if pieces:
+        notes.append(note("note", f"L3Cache objects marked {L3_PIECE_INFO} are pieces of {len(pieces)} L3 cache(s) "
+                                  "that tilewise exported split by NUMA node: rejoined (hwloc shows the pieces)"))
     if any(p.core_key is None for p in pus):
         notes.append(note("note", "PUs without a Core above them: one core per PU is invented (hwloc shows no cores"
                                   + (" there)" if r.saw_core else ")")))
