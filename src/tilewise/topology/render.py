@@ -40,6 +40,12 @@ def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
 
     if any(c.invented for c in t.cores):
         lines.append("  (cores invented: the source has no Core objects, one core per PU)")
+    # a node whose CPUs are in several packages is shown once, above them (hwloc hangs it from the Machine)
+    pkg_of = {p: c.package for c in t.cores for p in c.pus}
+    wide = [n for n in t.cpu_nodes if len({pkg_of[p] for p in n.cpus}) > 1]
+    for n in wide:
+        lines.append(node_line("  ", n.id) + f"  (spans {len({pkg_of[p] for p in n.cpus})} packages)")
+    wide_ids = {n.id for n in wide}
     for pi, pkg in enumerate(t.packages):
         if pkg.invented:
             ident = "invented: the source has no package"
@@ -58,14 +64,14 @@ def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
                     lines.extend(node_line("      ", nid) for nid in nodes)
                 continue
             for nid in nodes:
-                if set(t.node_by_id[nid].cpus) & pkg_cpus:
+                if set(t.node_by_id[nid].cpus) & pkg_cpus and nid not in wide_ids:
                     lines.append(node_line("    ", nid))
                 for d in domains:
                     if nid != d.numa_nodes[0]:
                         continue
                     shown += 1
                     if shown <= max_l3:
-                        lines.append(l3_line("      ", d))
+                        lines.append(l3_line("    " if nid in wide_ids else "      ", d))
     if shown > max_l3:
         lines.append(f"      ... {shown - max_l3} more L3 domains (use --json for all)")
     for ni, node in enumerate(t.numa_nodes):
