@@ -11,10 +11,10 @@ Classes of a pair of CPUs (a, b), from nearest to farthest:
 from __future__ import annotations
 
 import random
-import statistics
 from collections import defaultdict
 
 from tilewise.errors import UsageError
+from tilewise.results import stats as S
 from tilewise.topology.model import Topology
 
 CLASSES = ("smt", "l3", "node", "package", "remote")
@@ -111,8 +111,8 @@ def group_matrix(t: Topology, cpus, matrix, *, values: bool = False) -> dict[str
     for cls in CLASSES:
         v = vals.get(cls)
         if v:
-            out[cls] = {"mean": statistics.fmean(v), "median": statistics.median(v), "min": min(v), "max": max(v),
-                        "pairs": len(v)}
+            st = S.summarize(v)
+            out[cls] = {"mean": st["mean"], "median": st["median"], "min": st["min"], "max": st["max"], "pairs": st["n"]}
             if values:
                 out[cls]["values"] = v
     return out
