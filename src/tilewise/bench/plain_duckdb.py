@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def queries(sql_file: str | None) -> list[tuple[int, str]]:
     if sql_file:
         return [(int(q["query"]), q["sql"]) for q in json.loads(Path(sql_file).read_text())]
-    from tilewise.bench import queries as Q
+    from tilewise.benchmarks.tpch import queries as Q
 
     return [(n, Q.load(n)) for n in Q.NUMBERS]
 

@@ -118,7 +118,7 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
     log = (lambda msg: err.print(f"tilewise: {msg}", markup=False)) if not as_json else None
     dataset = None
     if sf is not None:
-        from tilewise.data import tpch as tpch_data
+        from tilewise.benchmarks.tpch import data as tpch_data
 
         dataset = tpch_data.dataset(sf, data_dir, log=log)
     t0 = time.monotonic()

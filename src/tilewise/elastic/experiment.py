@@ -164,7 +164,7 @@ def tables_for(workload: str, data: Path) -> dict:
 
 
 def queries_for(workload: str) -> dict:
-    from tilewise.bench import queries
+    from tilewise.benchmarks.tpch import queries
 
     if workload == "q6":
         return {6: queries.load(6)}

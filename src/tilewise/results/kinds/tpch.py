@@ -1,25 +1,40 @@
-"""The ``tpch`` result kind (`bench tpch`, TPC-H or JCC-H): per policy, per query, every run's time;
-TPC-H's own metrics per run; the summary per policy; the tables, CSV files and plots; the older
-``tilewise-tpch-results/1`` format; and the TPC-H-next-to-JCC-H comparison of `tilewise report`.
+"""The ``tpch`` result kind (`bench tpch`, `bench <benchmark>`: TPC-H, JCC-H, any benchmark of the
+registry tilewise.benchmarks): per policy, per query, every run's time; the benchmark's own
+metrics per run (TPC-H's Power@Size, Throughput@Size, QphH@Size); the summary per policy; the
+tables, CSV files and plots; the older ``tilewise-tpch-results/1`` format; and, in `tilewise
+report`, two benchmarks side by side (TPC-H next to JCC-H, the NUMA study's comparison).
 
 The harness (bench.tpch) builds the document as JSON and stores per query the statistics of
-``stats.query_stats``; this module reads it through the dataclasses below.
+``stats.query_stats``; this module reads it through the dataclasses below. What a benchmark is
+called and which figures it has come from its spec (tilewise.benchmarks), not from its name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-from tilewise.errors import UsageError
+from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model, stats
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
 
 SPREAD_WARN = 0.10  # relative spread (max-min)/median above which a measurement is called unstable
-TPCH_METRICS = ("power_at_size", "throughput_at_size", "qphh_at_size")
+# the figures of a benchmark this tilewise does not have (a plug-in's results read elsewhere): TPC-H's
+FIGURES = (("power_at_size", "Power@Size"), ("throughput_at_size", "Throughput@Size"), ("qphh_at_size", "QphH@Size"))
+
+
+def benchmark_spec(name: str):
+    """The benchmark's spec from the registry; None when this tilewise does not have it."""
+    from tilewise import benchmarks
+
+    try:
+        return benchmarks.get(name)
+    except TilewiseError:
+        return None
 
 
 # ---- the typed document --------------------------------------------------------------------------
@@ -53,7 +68,7 @@ class ThroughputTest(Record):
 
 @dataclass
 class TpchRun(Record):
-    """One timed run's TPC-H tests and metrics."""
+    """One timed run's tests (TPC-H 5.3: power and throughput) and the benchmark's figures."""
     run: int | None = None
     power: PowerTest | None = None
     throughput: ThroughputTest | None = None
@@ -62,7 +77,7 @@ class TpchRun(Record):
     qphh_at_size: float | None = None
 
     def figure(self, key: str) -> float | None:
-        return getattr(self, key)
+        return getattr(self, key) if key in self.__dataclass_fields__ else self.get(key)
 
 
 @dataclass
@@ -131,23 +146,37 @@ class TpchDoc(model.Document):
 
     @property
     def benchmark(self) -> str:
-        """"tpch" or "jcch": which benchmark the document measured."""
+        """The benchmark's name in the registry ("tpch", "jcch", ...)."""
         p = self.params
         return p.benchmark or (p.dataset.benchmark if p.dataset else None) or "tpch"
 
+    @cached_property
+    def spec(self):
+        return benchmark_spec(self.benchmark)
+
     @property
-    def bench_title(self) -> str:
-        """The benchmark's name for titles: TPC-H, or JCC-H with its parameter set."""
-        if self.benchmark == "jcch":
-            mode = self.params.query_params
-            return f"JCC-H ({mode})" if mode else "JCC-H"
-        return "TPC-H"
+    def bench_name(self) -> str:
+        """What the benchmark is called: "TPC-H", "JCC-H"."""
+        return self.spec.title if self.spec else self.benchmark
+
+    @property
+    def heading(self) -> str:
+        """The benchmark in titles, with its query parameter set: "TPC-H", "JCC-H (skewed)"."""
+        qp = self.params.query_params
+        if self.spec:
+            return self.spec.heading(qp)
+        return f"{self.benchmark} ({qp})" if qp else self.benchmark
+
+    @property
+    def figures(self) -> tuple[tuple[str, str], ...]:
+        """The benchmark's figures per run: (key in a run's record, title)."""
+        return tuple(self.spec.metrics.names) if self.spec else FIGURES
 
     @property
     def title(self) -> str:
         sf = self.params.sf
         sf_s = f"{sf:g}" if isinstance(sf, (int, float)) else str(sf)
-        return f"{self.bench_title} {self.params.engine} SF {sf_s}"
+        return f"{self.heading} {self.params.engine} SF {sf_s}"
 
     def ran(self) -> list[str]:
         """Policies with figures of their own (not the same deployment as an earlier one)."""
@@ -175,7 +204,7 @@ def metrics(doc: TpchDoc) -> list[dict]:
         if rec.run_wall_s:
             out.append(model.metric(f"{pol}/run_wall", rec.run_wall_s, unit="s", warmups=rec.warmup_wall_s,
                                     policy=pol))
-        for key in TPCH_METRICS:
+        for key, _ in doc.figures:
             vals = [r.figure(key) for r in rec.tpch_runs]
             if any(v is not None for v in vals):
                 out.append(model.metric(f"{pol}/{key.replace('_at_size', '@size')}", vals, unit="queries/h",
@@ -194,7 +223,7 @@ class PolicySummary:
     geomean_speedup_vs_baseline: float | None = None
     throughput_speedup_vs_baseline: float | None = None
     valid: bool | None = None
-    tpch: dict[str, dict] = field(default_factory=dict)  # power_at_size ... -> stats.summarize
+    tpch: dict[str, dict] = field(default_factory=dict)  # the benchmark's figures (power_at_size ...) -> stats.summarize
 
     def to_json(self) -> dict:
         if self.same_as:
@@ -228,7 +257,7 @@ def summarize(doc: TpchDoc) -> dict[str, PolicySummary]:
             geomean_speedup_vs_baseline=stats.geomean(speedups),
             throughput_speedup_vs_baseline=(base_total / total["median"]) if base_total and total["median"] else None,
             valid=all(r.valid for r in p.queries.values()) if p.queries else None)
-        for key in TPCH_METRICS:
+        for key, _ in doc.figures:
             vals = [r.figure(key) for r in p.tpch_runs if r.figure(key) is not None]
             if vals:
                 s.tpch[key] = stats.summarize(vals)
@@ -305,17 +334,15 @@ def render(doc: TpchDoc, out) -> None:
     out.print(st)
     if any(summ[n].tpch for n in measured):
         how = "with refresh functions RF1/RF2" if doc.refresh and doc.refresh.applied else "without refresh functions"
-        prefix = "" if doc.benchmark == "tpch" else f"{doc.bench_title}: "
-        mt = T.table(f"{prefix}TPC-H metrics at SF {p.sf} ({how}; median over runs, 95 % CI)",
-                     ("policy", "Power@Size", "Throughput@Size", "QphH@Size", "streams"), left=["policy"])
+        mt = T.table(f"{doc.heading} metrics at SF {p.sf} ({how}; median over runs, 95 % CI)",
+                     ("policy", *(title for _, title in doc.figures), "streams"), left=["policy"])
         # the throughput test's streams; a run without it has none to show
         streams = str(p.streams) if "throughput" in (p.tests or ["throughput"]) else "-"
         for n, rec in pols.items():
             if rec.same_as:
-                same = f"= {rec.same_as}"
-                mt.add_row(n, same, same, same, "")
+                mt.add_row(n, *[f"= {rec.same_as}"] * len(doc.figures), "")
                 continue
-            mt.add_row(n, *(_metric_cell(summ[n].tpch.get(k)) for k in TPCH_METRICS), streams)
+            mt.add_row(n, *(_metric_cell(summ[n].tpch.get(k)) for k, _ in doc.figures), streams)
         out.print(mt)
     marks = []
     if any(r.unstable for n in measured for r in pols[n].queries.values()):
@@ -368,11 +395,12 @@ def csv_files(doc: TpchDoc) -> dict[str, str]:
     mrows = []
     for name, p in doc.policies.items():
         for r in p.tpch_runs:
-            mrows.append([name, r.run, *(T.fmt(r.figure(k), ".3f", "") for k in TPCH_METRICS),
+            mrows.append([name, r.run, *(T.fmt(r.figure(k), ".3f", "") for k, _ in doc.figures),
                           T.fmt(r.throughput.interval_s if r.throughput else None, ".6f", ""),
                           (r.power.refresh if r.power else None) or ""])
     if mrows:
-        files["tpch_metrics.csv"] = T.csv_text(["policy", "run", *TPCH_METRICS, "throughput_interval_s", "refresh"], mrows)
+        files["tpch_metrics.csv"] = T.csv_text(["policy", "run", *(k for k, _ in doc.figures), "throughput_interval_s",
+                                                "refresh"], mrows)
     return files
 
 
@@ -395,7 +423,7 @@ def plots(doc: TpchDoc, out_dir: Path) -> list[Path]:
     qs = [q for q, r in base.queries.items() if r.median_s]
     p = doc.params
     tag = f"{p.engine} SF {p.sf}, {p.streams or 1} stream(s)"
-    bench = doc.bench_title
+    bench = doc.heading
     paths = []
     if qs and len(ran) > 1:
         series, intervals = {}, {}
@@ -423,18 +451,17 @@ def plots(doc: TpchDoc, out_dir: Path) -> list[Path]:
                                  {"geomean per-query speedup": geo, thr_label: thr}, intervals={thr_label: thr_ci},
                                  ylabel=f"speedup over {base_name}\n(whiskers: 95 % CI)",
                                  title=f"{bench} geomean per policy ({tag})"))
-    labels = {"power_at_size": "Power@Size", "throughput_at_size": "Throughput@Size", "qphh_at_size": "QphH@Size"}
-    figs = {k: [summ[n].tpch.get(k) or {} for n in ran] for k in TPCH_METRICS}
+    figs = {title: [summ[n].tpch.get(k) or {} for n in ran] for k, title in doc.figures}
     if any(s.get("median") is not None for ss in figs.values() for s in ss):
         paths.append(P.bar_chart(out_dir / "tpch_metrics.png", ran,
-                                 {labels[k]: [s.get("median") for s in ss] for k, ss in figs.items()},
-                                 intervals={labels[k]: [s.get("ci95") for s in ss] for k, ss in figs.items()},
+                                 {title: [s.get("median") for s in ss] for title, ss in figs.items()},
+                                 intervals={title: [s.get("ci95") for s in ss] for title, ss in figs.items()},
                                  ylabel="queries per hour x SF\n(median, whiskers: 95 % CI)",
-                                 title=f"{bench}: TPC-H metrics per policy ({tag})", reference_line=None))
+                                 title=f"{bench} metrics per policy ({tag})", reference_line=None))
     return paths
 
 
-# ---- TPC-H next to JCC-H (the NUMA study's comparison) -------------------------------------------
+# ---- two benchmarks side by side (TPC-H next to JCC-H: the NUMA study's comparison) -----------------
 
 def _speedups(doc: TpchDoc, base: str, pol: str, queries: list[str]) -> list[float | None]:
     out = []
@@ -448,75 +475,99 @@ def _ran(doc: TpchDoc) -> list[str]:
     return [n for n, p in doc.policies.items() if not p.same_as and any(q.median_s for q in p.queries.values())]
 
 
+def _order(name: str) -> tuple[int, str]:
+    from tilewise import benchmarks
+
+    known = benchmarks.names()
+    return (known.index(name) if name in known else len(known), name)
+
+
 def benchmark_pair(runs: Sequence[tuple[str, dict]]) -> tuple[tuple[str, dict], tuple[str, dict]] | None:
-    """The (TPC-H, JCC-H) runs among runs when there is exactly one tpch-kind run of each."""
-    mine = [(lbl, d, KIND.view(d)) for lbl, d in runs if d.get("kind") == "tpch"]
-    tp = [(lbl, d) for lbl, d, v in mine if v.benchmark == "tpch"]
-    jc = [(lbl, d) for lbl, d, v in mine if v.benchmark == "jcch"]
-    return (tp[0], jc[0]) if len(tp) == 1 and len(jc) == 1 else None
+    """Two runs of two different benchmarks, one run each (in the registry's order: TPC-H before
+    JCC-H), among the runs of this kind; None otherwise."""
+    by: dict[str, list[tuple[str, dict]]] = {}
+    for lbl, d in runs:
+        if d.get("kind") == KIND.name:
+            by.setdefault(KIND.view(d).benchmark, []).append((lbl, d))
+    if len(by) != 2 or any(len(v) != 1 for v in by.values()):
+        return None
+    first, second = sorted(by, key=_order)
+    return by[first][0], by[second][0]
 
 
-def benchmark_comparison(tpch: dict, jcch: dict) -> dict:
-    """Per-query speedup of each policy over the baseline on TPC-H next to JCC-H, same engine and
-    policies: the study's comparison (one instance per NUMA node gained less on JCC-H, 2.17x/2.25x
-    geomean against 2.65x/3.33x on TPC-H). The baseline is the first policy measured in both."""
-    t, j = KIND.view(tpch), KIND.view(jcch)
-    e1, e2 = t.params.engine, j.params.engine
+def benchmark_comparison(a_doc: dict, b_doc: dict) -> dict:
+    """Per-query speedup of each policy over the baseline on one benchmark next to another, same
+    engine and policies: the study's comparison (one instance per NUMA node gained less on JCC-H,
+    2.17x/2.25x geomean against 2.65x/3.33x on TPC-H). The baseline is the first policy measured in
+    both. Keyed by the benchmarks' names ("tpch", "jcch")."""
+    a, b = KIND.view(a_doc), KIND.view(b_doc)
+    e1, e2 = a.params.engine, b.params.engine
     if e1 != e2:
-        raise UsageError(f"the TPC-H run used {e1} and the JCC-H run {e2}", "compare runs of the same engine")
-    common = [n for n in _ran(t) if n in _ran(j)]
+        raise UsageError(f"the {a.bench_name} run used {e1} and the {b.bench_name} run {e2}",
+                         "compare runs of the same engine")
+    common = [n for n in _ran(a) if n in _ran(b)]
     if len(common) < 2:
-        raise UsageError("the TPC-H and JCC-H runs share fewer than 2 measured policies",
+        raise UsageError(f"the {a.bench_name} and {b.bench_name} runs share fewer than 2 measured policies",
                          "run both with the same --policies, e.g. wim,wic,auto")
     base = common[0]
-    queries = sorted((q for q in t.policies[base].queries if q in j.policies[base].queries), key=_qnum)
-    out = {"engine": e1, "baseline": base, "queries": queries, "policies": {},
-           "tpch": {"sf": t.params.sf, "title": t.title},
-           "jcch": {"sf": j.params.sf, "title": j.title, "params": j.params.query_params, "seed": j.params.query_seed}}
+    queries = sorted((q for q in a.policies[base].queries if q in b.policies[base].queries), key=_qnum)
+    out = {"engine": e1, "baseline": base, "queries": queries, "policies": {}}
+    for v in (a, b):
+        out[v.benchmark] = {"sf": v.params.sf, "title": v.title}
+        if v.spec is not None and v.spec.params is not None:  # a benchmark with query parameter sets
+            out[v.benchmark] |= {"params": v.params.query_params, "seed": v.params.query_seed}
     for pol in common[1:]:
-        a, b = _speedups(t, base, pol, queries), _speedups(j, base, pol, queries)
-        out["policies"][pol] = {"tpch": a, "jcch": b,
-                                "tpch_geomean": stats.geomean([x for x in a if x]),
-                                "jcch_geomean": stats.geomean([x for x in b if x])}
+        x, y = _speedups(a, base, pol, queries), _speedups(b, base, pol, queries)
+        out["policies"][pol] = {a.benchmark: x, b.benchmark: y,
+                                f"{a.benchmark}_geomean": stats.geomean([v for v in x if v]),
+                                f"{b.benchmark}_geomean": stats.geomean([v for v in y if v])}
     return out
 
 
 @dataclass
 class BenchmarkComparison:
-    """`tilewise report` of one TPC-H and one JCC-H run: shown, plotted and stored as "tpch_vs_jcch"."""
+    """`tilewise report` of runs of two benchmarks: shown, plotted and stored as "<a>_vs_<b>"."""
     data: dict
-    key: str = "tpch_vs_jcch"
+    names: tuple[str, str]  # the benchmarks' registry names, in order
+    titles: tuple[str, str]  # what they are called ("TPC-H", "JCC-H")
+
+    @property
+    def key(self) -> str:
+        return f"{self.names[0]}_vs_{self.names[1]}"
 
     def render(self, out) -> None:
-        cmp = self.data
-        t = T.table(f"per-query speedup over {cmp['baseline']}: {cmp['tpch']['title']} next to {cmp['jcch']['title']}",
+        cmp, (a, b) = self.data, self.names
+        t = T.table(f"per-query speedup over {cmp['baseline']}: {cmp[a]['title']} next to {cmp[b]['title']}",
                     ["query"], left=["query"])
         for pol in cmp["policies"]:
-            t.add_column(f"{pol} TPC-H", justify="right")
-            t.add_column(f"{pol} JCC-H", justify="right")
+            for title in self.titles:
+                t.add_column(f"{pol} {title}", justify="right")
         for i, q in enumerate(cmp["queries"]):
-            t.add_row(q, *(T.fmt(v[k][i], ".2f") for v in cmp["policies"].values() for k in ("tpch", "jcch")))
-        t.add_row("geomean", *(T.fmt(v[k], ".2f") for v in cmp["policies"].values()
-                               for k in ("tpch_geomean", "jcch_geomean")))
+            t.add_row(q, *(T.fmt(v[k][i], ".2f") for v in cmp["policies"].values() for k in self.names))
+        t.add_row("geomean", *(T.fmt(v[f"{k}_geomean"], ".2f") for v in cmp["policies"].values() for k in self.names))
         out.print(t)
 
     def plot(self, out_dir: Path) -> Path:
         from tilewise.results import plots as P
 
         cmp = self.data
-        cats = cmp["queries"] + ["geomean"]
-        series = {}
-        for pol, v in cmp["policies"].items():
-            series[f"{pol} TPC-H"] = v["tpch"] + [v["tpch_geomean"]]
-            series[f"{pol} JCC-H"] = v["jcch"] + [v["jcch_geomean"]]
-        return P.bar_chart(Path(out_dir) / "tpch_vs_jcch.png", cats, series, ylabel=f"speedup over {cmp['baseline']}",
-                           title=f"per-query speedup over {cmp['baseline']}, {cmp['engine']}: TPC-H SF "
-                                 f"{cmp['tpch']['sf']} next to JCC-H SF {cmp['jcch']['sf']} ({cmp['jcch']['params']})")
+        series = {f"{pol} {title}": v[k] + [v[f"{k}_geomean"]] for pol, v in cmp["policies"].items()
+                  for k, title in zip(self.names, self.titles)}
+        sides = [f"{title} SF {cmp[k]['sf']}" + (f" ({cmp[k]['params']})" if "params" in cmp[k] else "")
+                 for k, title in zip(self.names, self.titles)]
+        return P.bar_chart(Path(out_dir) / f"{self.key}.png", cmp["queries"] + ["geomean"], series,
+                           ylabel=f"speedup over {cmp['baseline']}",
+                           title=f"per-query speedup over {cmp['baseline']}, {cmp['engine']}: {sides[0]} next to "
+                                 f"{sides[1]}")
 
 
 def compare(runs: list[tuple[str, dict]]) -> BenchmarkComparison | None:
     pair = benchmark_pair(runs)
-    return BenchmarkComparison(benchmark_comparison(pair[0][1], pair[1][1])) if pair else None
+    if pair is None:
+        return None
+    a, b = (KIND.view(d) for _, d in pair)
+    return BenchmarkComparison(benchmark_comparison(pair[0][1], pair[1][1]), (a.benchmark, b.benchmark),
+                               (a.bench_name, b.bench_name))
 
 
 # ---- the older format ------------------------------------------------------------------------------
