@@ -28,12 +28,14 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from functools import cache
 from typing import Any, Self, get_args, get_origin, get_type_hints
 
 from tilewise.errors import UsageError
 
 _OWN = ("extra", "absent")
+_NONE: frozenset = frozenset()
 
 
 @dataclasses.dataclass
@@ -43,19 +45,33 @@ class Record:
 
     @classmethod
     def from_json(cls, d: dict | None, where: str = "document") -> Self:
+        try:
+            return cls._read(d)
+        except _Shape as e:
+            raise UsageError(f"{where}{''.join(e.path)} is not {e.want} (found {e.found})",
+                             "is the file a tilewise results document?") from None
+
+    @classmethod
+    def _read(cls, d: dict | None) -> Self:
         if d is None:
             d = {}
         if not isinstance(d, dict):
-            raise UsageError(f"{where} is not a JSON object (found {type(d).__name__})",
-                             "is the file a tilewise results document?")
-        kw, absent = {}, set()
-        for name, hint in _fields(cls):
+            raise _Shape("a JSON object", d)
+        kw = {}
+        fields = _fields(cls)
+        for name, conv in fields:
             if name in d:
-                kw[name] = _read(hint, d[name], f"{where}.{name}")
-            else:
-                absent.add(name)
-        known = {n for n, _ in _fields(cls)}
-        return cls(**kw, extra={k: v for k, v in d.items() if k not in known}, absent=frozenset(absent))
+                if conv is None:
+                    kw[name] = d[name]
+                    continue
+                try:
+                    kw[name] = conv(d[name])
+                except _Shape as e:
+                    e.path.insert(0, f".{name}")
+                    raise
+        names = _names(cls)
+        extra = {k: v for k, v in d.items() if k not in names} if len(kw) < len(d) else {}
+        return cls(**kw, extra=extra, absent=names.difference(d) if len(kw) < len(names) else _NONE)
 
     def to_json(self) -> dict:
         out = {}
@@ -74,10 +90,81 @@ class Record:
         return self.extra.get(key, default)
 
 
+class _Shape(Exception):
+    """A value of the wrong shape; its place is filled in on the way out (free when all is well)."""
+
+    def __init__(self, want: str, value: Any) -> None:
+        super().__init__(want)
+        self.want, self.found, self.path = want, type(value).__name__, []
+
+
 @cache
-def _fields(cls: type) -> tuple[tuple[str, Any], ...]:
+def _fields(cls: type) -> tuple[tuple[str, Callable | None], ...]:
+    """(name, converter or None to take the value as it is) per declared field."""
     hints = get_type_hints(cls)
-    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.name not in _OWN)
+    return tuple((f.name, _converter(hints[f.name])) for f in dataclasses.fields(cls) if f.name not in _OWN)
+
+
+@cache
+def _names(cls: type) -> frozenset:
+    return frozenset(n for n, _ in _fields(cls))
+
+
+@cache
+def _converter(hint: Any) -> Callable | None:
+    """How a JSON value becomes a value of `hint`; None: as it is."""
+    origin = get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in get_args(hint) if a is not type(None)]
+        conv = _converter(inner[0]) if len(inner) == 1 else None
+        return None if conv is None else (lambda v: None if v is None else conv(v))
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint._read
+    if origin is list:
+        (arg,) = get_args(hint) or (Any,)
+        return _list(_converter(arg))
+    if origin is dict:
+        args = get_args(hint)
+        return _dict(_converter(args[1]) if len(args) == 2 else None)
+    return None
+
+
+def _list(conv: Callable | None) -> Callable:
+    def read(v: Any) -> list:
+        if not isinstance(v, list):
+            raise _Shape("a list", v)
+        if conv is None:
+            return list(v)
+        try:
+            return [conv(x) for x in v]
+        except _Shape as e:
+            e.path.insert(0, f"[{_failing(conv, v)}]")
+            raise
+    return read
+
+
+def _dict(conv: Callable | None) -> Callable:
+    def read(v: Any) -> dict:
+        if not isinstance(v, dict):
+            raise _Shape("a JSON object", v)
+        if conv is None:
+            return dict(v)
+        try:
+            return {k: conv(x) for k, x in v.items()}
+        except _Shape as e:
+            e.path.insert(0, f".{_failing(conv, v)}")
+            raise
+    return read
+
+
+def _failing(conv: Callable, items: list | dict) -> object:
+    """Which element (index or key) a converter refuses (only looked for on an error)."""
+    for k, x in (items.items() if isinstance(items, dict) else enumerate(items)):
+        try:
+            conv(x)
+        except _Shape:
+            return k
+    return "?"
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -86,29 +173,6 @@ def _default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return dataclasses.MISSING
-
-
-def _read(hint: Any, v: Any, where: str) -> Any:
-    origin = get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        if v is None:
-            return None
-        inner = [a for a in get_args(hint) if a is not type(None)]
-        return _read(inner[0], v, where) if len(inner) == 1 else v
-    if isinstance(hint, type) and issubclass(hint, Record):
-        return hint.from_json(v, where)
-    if origin is list:
-        if not isinstance(v, list):
-            raise UsageError(f"{where} is not a list (found {type(v).__name__})")
-        (arg,) = get_args(hint) or (Any,)
-        return [_read(arg, x, f"{where}[{i}]") for i, x in enumerate(v)]
-    if origin is dict:
-        if not isinstance(v, dict):
-            raise UsageError(f"{where} is not a JSON object (found {type(v).__name__})")
-        args = get_args(hint)
-        arg = args[1] if len(args) == 2 else Any
-        return {k: _read(arg, x, f"{where}.{k}") for k, x in v.items()}
-    return v
 
 
 def _write(v: Any) -> Any:

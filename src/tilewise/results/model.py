@@ -188,15 +188,17 @@ def legacy_meta(doc: dict, started: str | None = None, finished: str | None = No
 
 
 def legacy_envelope(doc: dict, kind: str, params: dict, body: dict, *, complete: bool, interrupted: bool = False,
-                    started: str | None = None, finished: str | None = None, warnings: list | None = None) -> dict:
-    """A current document of `kind` around the body of an older format, with its metrics."""
+                    started: str | None = None, finished: str | None = None, warnings: list | None = None,
+                    metrics: bool = True) -> dict:
+    """A current document of `kind` around the body of an older format, with its metrics (unless
+    metrics=False: the caller derives them)."""
     env = dict(doc.get("environment") or {})
     env.setdefault("engines", {})
     out = {"format": FORMAT, "version": VERSION, "kind": kind, "meta": legacy_meta(doc, started, finished),
            "interrupted": interrupted, "complete": complete, "environment": env, "params": params,
            "metrics": [], "warnings": list(warnings or [])}
     out.update({k: v for k, v in body.items() if k not in RESERVED})
-    return with_metrics(out)
+    return with_metrics(out) if metrics else out
 
 
 def upgrade(doc: dict, source: str = "document") -> dict:

@@ -127,13 +127,14 @@ def current(doc: dict) -> dict:
         doc["complete"] = bool(starts) and all(r.get("enforce") == "simulated" for r in starts)
     if end and end.get("finished"):
         doc["meta"]["finished"] = end.get("finished")
-    return model.with_metrics(doc)
+    doc["metrics"] = [m for m in metrics(v) if m["values"]]  # from this view: a long log is read once
+    return doc
 
 
 def upgrade_1(doc: dict) -> dict:
     """The log before the results model: the same records under a one-line header."""
     recs = doc.get("records") or []
-    out = model.legacy_envelope(doc, "elastic.log", {}, {"records": recs}, complete=False)
+    out = model.legacy_envelope(doc, "elastic.log", {}, {"records": recs}, complete=False, metrics=False)
     out["meta"]["started"] = None
     return current(out)
 
