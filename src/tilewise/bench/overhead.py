@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import stats
 
 GOAL = 0.05
 STRETCH = 0.02
@@ -102,8 +103,6 @@ def verdict(ci: list[float] | None, goal: float) -> str:
 
 def diff_ci(xs: list[float]) -> dict:
     """The mean of paired differences (or log ratios) and its 95 % t interval, never cut at 0."""
-    from tilewise.results import stats
-
     ci = stats.mean_ci(xs)
     return {"mean": stats.summarize(xs)["mean"], "ci95": list(ci) if ci else None}
 

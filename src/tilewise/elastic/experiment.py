@@ -57,6 +57,7 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
     d = None
     th = None
     sink = None
+    res = None  # the clients' results: None while they run (the log then ends interrupted)
     with launch.Supervisor() as sup:
         s = sup.start(f"duckdb-{config}-{workload}", argv, launch.Binding(None), verify_binding=False,
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -92,7 +93,7 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
                     th.join(timeout=10)
                 d.close()
                 sink.write(elastic_log.end_record(t=None, stop_reason=d.stop_reason, stats=d.stats(),
-                                                  problems=d.problems))
+                                                  problems=d.problems, interrupted=res is None))
             if sink is not None:
                 sink.close()
         stats = d.stats() if d else None
