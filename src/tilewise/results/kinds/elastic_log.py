@@ -154,11 +154,15 @@ def read(path: str) -> dict:
 # ---- metrics and the summary -----------------------------------------------------------------------
 
 def metrics(doc: LogDoc) -> list[dict]:
+    """Per tick: the allocated cores and the controller's CPU time. With one target the names are
+    "cores" and "tick_cpu" (so two runs on different pids compare), else "<target>/cores" ..."""
+    units = list(dict.fromkeys(r.unit for r in doc.ticks))
     out = []
-    for unit in dict.fromkeys(r.unit for r in doc.ticks):
+    for unit in units:
         ticks = [r for r in doc.ticks if r.unit == unit]
-        out.append(model.metric(f"{unit}/cores", [r.n_alloc for r in ticks], unit="cores", target=unit))
-        out.append(model.metric(f"{unit}/tick_cpu", [r.tick_cpu_ms for r in ticks], unit="ms", target=unit))
+        pre = "" if len(units) == 1 else f"{unit}/"
+        out.append(model.metric(f"{pre}cores", [r.n_alloc for r in ticks], unit="cores", target=unit))
+        out.append(model.metric(f"{pre}tick_cpu", [r.tick_cpu_ms for r in ticks], unit="ms", target=unit))
     return out
 
 
