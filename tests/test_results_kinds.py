@@ -17,7 +17,7 @@ from rich.console import Console
 
 from conftest import FIXTURES, run_cli
 from tilewise.errors import UsageError
-from tilewise.results import kinds, model, output, report, stats
+from tilewise.results import document, kinds, model, output, report, stats
 from tilewise.results.body import Record
 from tilewise.results.kinds import elastic_log, tpch
 
@@ -60,7 +60,7 @@ def test_every_kind_is_one_module_with_its_own_view():
                           "probe.stream", "workload", "tune", "overhead"}
     for name in names:
         k = kinds.get(name)
-        assert k.name == name and issubclass(k.document, model.Document)
+        assert k.name == name and issubclass(k.document, document.Document)
     assert kinds.get("nosuch") is None
     loaded = {model.load(p)["kind"] for p in DOCS}
     assert loaded == set(names)  # a checked-in result file of every kind
@@ -147,8 +147,8 @@ def test_log_is_written_line_by_line_and_a_cut_log_still_loads(tmp_path):
 
     t = topology.load("synthetic:Package:1 [NUMANode] L3Cache:1 Core:2 PU:1")
     path = tmp_path / "el.jsonl"
-    old = elastic_log.read(str(V1 / "elastic-log-live.jsonl"))
-    with output.LineWriter(path, elastic_log.header(t, {"target": ["pid 1"], "mode": "dense"})) as w:
+    old = model.load(V1 / "elastic-log-live.jsonl")
+    with output.LineWriter(path, model.new("elastic.log", topo=t, params={"target": ["pid 1"], "mode": "dense"})) as w:
         for r in old["records"][:-1]:
             w.write(r)
         lines = path.read_text().splitlines()
@@ -171,12 +171,14 @@ def test_log_is_written_line_by_line_and_a_cut_log_still_loads(tmp_path):
 
 
 def test_replay_of_something_else_is_a_one_line_error(tmp_path):
+    from tilewise.cli.elastic import read_log
+
     with pytest.raises(UsageError, match="not a tilewise elastic log: it holds tpch results"):
-        elastic_log.read(str(V2 / "tpch.json"))
+        read_log(str(V2 / "tpch.json"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"event": "log", "format": "tilewise-elastic", "version": 1}\n{"not": "a tick"}\n')
     with pytest.raises(UsageError, match="line 2 of the elastic log is neither a tick nor an event"):
-        elastic_log.read(str(bad))
+        read_log(str(bad))
 
 
 # ---- plots with the tables' confidence intervals ------------------------------------------------------

@@ -9,7 +9,10 @@ import click
 from tilewise import signals
 from tilewise.cli.common import NON_NEGATIVE, PID, SECONDS, conflicts, console, emit_json, json_option, topology_option
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.procs import ProcId
+from tilewise.results import model
 from tilewise.results.kinds import elastic_log
+from tilewise.results.output import LineWriter
 
 
 @click.command("elastic")
@@ -209,7 +212,8 @@ def _cluster_instances(name: str | None):
         if m.get("role") != "worker" or not m.get("pid"):
             continue
         pid = int(m["pid"])
-        if not _same_process(pid, m.get("create_time")):
+        ident = ProcId.recorded(pid, m.get("start"), m.get("create_time"))
+        if ident is None or not ident.alive():
             continue
         cpus = (m.get("binding") or {}).get("cpus")
         out.append((f"{name}/{m.get('instance')}", pid, tuple(cpus) if cpus else None))
@@ -218,22 +222,22 @@ def _cluster_instances(name: str | None):
     return out
 
 
-def _same_process(pid: int, create_time) -> bool:
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        return create_time is None or abs(p.create_time() - float(create_time)) < 0.05
-    except Exception:  # noqa: BLE001 - gone, or not ours to see
-        return False
-
-
-def _log(path: str | None, topo, params: dict):
+def _log(path: str | None, topo, params: dict) -> LineWriter:
     """The --log file: a results document of kind elastic.log, written a line per record as the
     daemon runs (opened before the first tick: a bad path fails early)."""
-    from tilewise.results.output import LineWriter
+    return LineWriter(path, model.new("elastic.log", topo=topo, params=params) if path else None)
 
-    return LineWriter(path, elastic_log.header(topo, params) if path else None)
+
+def read_log(path: str) -> dict:
+    """An elastic log of either format (a one-line error for anything else)."""
+    try:
+        doc = model.load(path)
+    except model.NotResults as e:
+        raise UsageError(f"{path} is not a tilewise elastic log ({e})") from None
+    if doc.get("kind") != "elastic.log":
+        raise UsageError(f"{path} is not a tilewise elastic log: it holds {doc.get('kind')} results",
+                         "show it with tilewise report")
+    return doc
 
 
 def _report(summary: dict, as_json: bool, quiet: bool, show_stats: bool) -> None:
@@ -248,7 +252,7 @@ def _report(summary: dict, as_json: bool, quiet: bool, show_stats: bool) -> None
 
 
 def _replay(path: str, plot_path: str | None, as_json: bool) -> None:
-    doc = elastic_log.KIND.view(elastic_log.read(path))
+    doc = elastic_log.KIND.view(read_log(path))
     summary = elastic_log.replay_summary(doc, path)
     if plot_path:
         elastic_log.plot(doc, plot_path, title=os.path.basename(path))

@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import model
 from tilewise.results import stats as S
 from tilewise.results.kinds import elastic_log
+from tilewise.results.output import LineWriter
 
 CONFIGS = ("os", "dense", "sparse", "adaptive")
 WORKLOADS = ("q6", "mixed")
@@ -59,7 +61,7 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
     sink = None
     res = None  # the clients' results: None while they run (the log then ends interrupted)
     with launch.Supervisor() as sup:
-        s = sup.start(f"duckdb-{config}-{workload}", argv, launch.Binding(None), verify_binding=False,
+        s = sup.start(f"duckdb-{config}-{workload}", argv, verify_binding=False,
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc = s.proc
         ready = _readline(proc, 900, "loading the data")
@@ -134,13 +136,11 @@ def _lat(xs: list[float]) -> dict:
     return S.rounded(s, ("mean", "p50", "p95"), 3)
 
 
-def _log(path: Path | None, topo, params: dict):
+def _log(path: Path | None, topo, params: dict) -> LineWriter:
     """The daemon's log of this case (kind elastic.log), written as the daemon runs."""
-    from tilewise.results.output import LineWriter
-
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    return LineWriter(path, elastic_log.header(topo, params, allocator="system") if path else None)
+    return LineWriter(path, model.new("elastic.log", topo=topo, params=params, allocator="system") if path else None)
 
 
 def _time_weighted(timeline: list, wall: float) -> float:

@@ -17,14 +17,7 @@ from tilewise.errors import UsageError
 from tilewise.results import stats as S
 from tilewise.topology.model import Topology
 
-CLASSES = ("smt", "l3", "node", "package", "remote")
-CLASS_TITLES = {
-    "smt": "same core (SMT siblings)",
-    "l3": "within a chiplet (same L3)",
-    "node": "across chiplets, same NUMA node",
-    "package": "across NUMA nodes, same package",
-    "remote": "across packages",
-}
+CLASSES = ("smt", "l3", "node", "package", "remote")  # their titles: results.kinds.pairs.CLASS_TITLES
 # above this many ordered pairs, sample by class unless --full
 FULL_PAIRS_LIMIT = 240
 PER_CLASS = 4  # sampled pairs per class

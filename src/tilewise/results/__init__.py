@@ -1,7 +1,8 @@
 """One results model for every measurement tilewise makes, one module per result kind.
 
-- ``results.model``: the versioned document's envelope (``new``, ``metric``, ``finish``, ``load``
-  with upgrade-on-load, ``with_metrics``; ``Document``, the typed envelope every kind derives from).
+- ``results.model``: the versioned document (``new``, ``metric``, ``finish``, ``load`` with
+  upgrade-on-load, ``with_metrics``); ``results.document``: its envelope, typed (``Document``, which
+  every kind's document derives from).
 - ``results.kinds``: one module per kind (tpch, elastic, elastic.log, elastic.tick, the probes,
   workload, tune, overhead): its typed body, metrics, tables, CSV, plots and older formats.
 - ``results.stats``: n, min/median/max, mean, stdev (None with one value), 95 % CI, outliers,

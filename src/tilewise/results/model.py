@@ -18,7 +18,8 @@ A results document (JSON) is::
 ``metrics`` is the kind-independent view `tilewise report` compares; it is derived from the body
 when the document is written (``with_metrics``), so it can never disagree with it. Each kind is one
 module of ``results.kinds`` (its typed body, metrics, tables, CSV, plots and the older formats it
-reads); this module is the envelope every kind shares (``Document``) and the loader.
+reads) on the envelope they share (``results.document``); this module makes documents and loads
+them, dispatching to their kinds.
 
 Loading upgrades older documents, as pyperf does: ``tilewise-tpch-results/1``,
 ``tilewise-elastic-bench/1``, ``tilewise.probe/1``, ``tilewise-tune-results`` version 1,
@@ -35,81 +36,16 @@ import json
 import os
 import shlex
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.errors import UsageError
 from tilewise.results import kinds
-from tilewise.results.body import Record
-
-FORMAT = "tilewise-results"
-VERSION = 2
-RESERVED = ("format", "version", "kind", "meta", "interrupted", "complete", "environment", "params", "metrics",
-            "warnings")
+from tilewise.results.document import FORMAT, VERSION, metric, now  # noqa: F401 - metric: the harnesses' API
 
 
 class NotResults(UsageError):
     """The input is not a results document this tilewise reads (unknown format, version or kind)."""
-
-
-# ---- the envelope, typed (each kind's document derives from Document) ---------------------------
-
-@dataclass
-class Meta(Record):
-    command: str | None = None
-    argv: list[str] | None = None
-    cwd: str | None = None
-    tilewise_version: str | None = None
-    git_commit: str | None = None
-    started: str | None = None
-    finished: str | None = None
-    upgraded_from: str | None = None
-
-
-@dataclass
-class Metric(Record):
-    name: str = ""
-    unit: str = ""
-    better: str = "lower"
-    values: list[float] = field(default_factory=list)
-    warmups: list[float] = field(default_factory=list)
-    labels: dict = field(default_factory=dict)
-
-
-@dataclass
-class SystemCheck(Record):
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Environment(Record):
-    system_check: SystemCheck | None = None
-    engines: dict = field(default_factory=dict)
-
-
-@dataclass
-class Document(Record):
-    format: str = FORMAT
-    version: int = VERSION
-    kind: str = ""
-    meta: Meta = field(default_factory=Meta)
-    interrupted: bool = False
-    complete: bool = False
-    environment: Environment = field(default_factory=Environment)
-    params: dict = field(default_factory=dict)
-    metrics: list[Metric] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def system_warnings(self) -> list[str]:
-        check = self.environment.system_check
-        return check.warnings if check else []
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def command_line(argv: Sequence[str] | None = None) -> tuple[str, list[str]]:
@@ -157,14 +93,6 @@ def stopped(doc: dict, exc: BaseException) -> dict:
     return finish(doc, complete=False, interrupted=True)
 
 
-def metric(name: str, values: Sequence[float], *, unit: str, better: str = "lower",
-           warmups: Sequence[float] = (), **labels) -> dict:
-    if better not in ("lower", "higher"):
-        raise ValueError(f"better must be 'lower' or 'higher', not {better!r}")
-    return {"name": name, "unit": unit, "better": better, "values": [v for v in values if v is not None],
-            "warmups": [v for v in warmups if v is not None], "labels": labels}
-
-
 def with_metrics(doc: dict) -> dict:
     """Fill doc["metrics"] from the body (kinds without metrics of their own keep what they carry)."""
     k = kinds.get(doc.get("kind"))
@@ -178,28 +106,6 @@ def metrics_by_name(doc: dict) -> dict[str, dict]:
 
 
 # ---- loading and upgrading -------------------------------------------------------------------
-
-def legacy_meta(doc: dict, started: str | None = None, finished: str | None = None) -> dict:
-    """meta of a document converted from an older format (its command line is unknown)."""
-    env = doc.get("environment") or {}
-    return {"command": None, "argv": None, "cwd": None, "tilewise_version": env.get("tilewise_version"),
-            "git_commit": env.get("git_commit"), "started": started or env.get("time"), "finished": finished,
-            "upgraded_from": doc.get("format") + (f" version {doc['version']}" if "version" in doc else "")}
-
-
-def legacy_envelope(doc: dict, kind: str, params: dict, body: dict, *, complete: bool, interrupted: bool = False,
-                    started: str | None = None, finished: str | None = None, warnings: list | None = None,
-                    metrics: bool = True) -> dict:
-    """A current document of `kind` around the body of an older format, with its metrics (unless
-    metrics=False: the caller derives them)."""
-    env = dict(doc.get("environment") or {})
-    env.setdefault("engines", {})
-    out = {"format": FORMAT, "version": VERSION, "kind": kind, "meta": legacy_meta(doc, started, finished),
-           "interrupted": interrupted, "complete": complete, "environment": env, "params": params,
-           "metrics": [], "warnings": list(warnings or [])}
-    out.update({k: v for k, v in body.items() if k not in RESERVED})
-    return with_metrics(out) if metrics else out
-
 
 def upgrade(doc: dict, source: str = "document") -> dict:
     """The document in the current version (old formats are converted; this one is returned as is)."""
@@ -223,7 +129,9 @@ def upgrade(doc: dict, source: str = "document") -> dict:
         raise NotResults(f"{source} has result format {fmt!r}" + (f" version {ver}" if ver is not None else "")
                          + f"; this tilewise reads {FORMAT} version {VERSION} and the older formats "
                          + ", ".join(kinds.legacy_formats()))
-    return up(doc)
+    doc = up(doc)
+    k = kinds.get(doc["kind"])
+    return k.current(doc) if k.current else with_metrics(doc)
 
 
 def load(path: str | os.PathLike, *, name: str = "results.json") -> dict:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise.results import kinds, model, stats
+from tilewise.results import document, kinds, model, stats
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 
@@ -43,14 +43,14 @@ def render(doc: dict, out) -> None:
     if k is not None and k.render is not None:
         k.render(k.view(doc), out)
     else:
-        render_metrics(model.Document.from_json(doc), out)
+        render_metrics(document.Document.from_json(doc), out)
 
 
 def csv_files(doc: dict) -> dict[str, str]:
     k = _kind(doc)
     if k is not None and k.csv is not None:
         return k.csv(k.view(doc))
-    return metrics_csv(model.Document.from_json(doc))
+    return metrics_csv(document.Document.from_json(doc))
 
 
 def plot_files(doc: dict, out_dir: Path) -> list[Path]:
@@ -66,7 +66,7 @@ def owned_files(doc: dict) -> tuple[str, ...]:
 
 # ---- any kind: the metrics ----------------------------------------------------------------------
 
-def render_metrics(doc: model.Document, out) -> None:
+def render_metrics(doc: document.Document, out) -> None:
     """The generic view: one row per metric with n, min/median/max, 95 % CI and outliers."""
     if not doc.metrics:
         out.print("no metrics", markup=False)
@@ -82,7 +82,7 @@ def render_metrics(doc: model.Document, out) -> None:
     T.footer(doc, out)
 
 
-def metrics_csv(doc: model.Document) -> dict[str, str]:
+def metrics_csv(doc: document.Document) -> dict[str, str]:
     rows = [[m.name, m.unit, m.better, i, v] for m in doc.metrics for i, v in enumerate(m.values, 1)]
     return {"metrics.csv": T.csv_text(["metric", "unit", "better", "run", "value"], rows)} if rows else {}
 
@@ -171,7 +171,7 @@ def compare(runs: Sequence[tuple[str, dict]], *, select: str | None = None) -> d
     means with a 95 % interval; the verdict says better, worse or within noise)."""
     if not runs:
         raise ValueError("nothing to compare")
-    docs = [(label, model.Document.from_json(d)) for label, d in runs]
+    docs = [(label, document.Document.from_json(d)) for label, d in runs]
     out = Comparison(runs=[RunInfo(label=label, kind=d.kind, command=d.meta.command,
                                    hostname=d.environment.get("hostname"), git_commit=d.meta.git_commit,
                                    started=d.meta.started, complete=d.complete, interrupted=d.interrupted)

@@ -1,7 +1,7 @@
 """Result kinds: each kind of results document is one module here, exporting one ``Kind``.
 
 A kind owns everything about its documents: the typed body (dataclasses deriving from
-``model.Document``, read with ``Kind.view``), the metrics derived from it, its tables, CSV files and
+``document.Document``, read with ``Kind.view``), the metrics derived from it, its tables, CSV files and
 plots, the files it may write into an output folder, the older formats it upgrades, and any
 comparison of its own (TPC-H next to JCC-H). ``results.report`` only dispatches to the kind and
 compares runs through the kind-independent metrics.
@@ -25,7 +25,7 @@ from tilewise.registry import Entry, Registry
 @dataclass(frozen=True)
 class Kind:
     name: str
-    document: type  # a model.Document subclass: the typed view of the whole document
+    document: type  # a document.Document subclass: the typed view of the whole document
     # the kind-independent metrics, from the typed document (None: the document carries its own)
     metrics: Callable[[Any], list[dict]] | None = None
     # derived figures stored beside the raw values as doc["summary"] when the document is written

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise.results import model
+from tilewise.results import document
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -64,7 +64,7 @@ class Params(Record):
 
 
 @dataclass
-class ElasticDoc(model.Document):
+class ElasticDoc(document.Document):
     params: Params = field(default_factory=Params)
     cases: list[Case] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -75,11 +75,11 @@ def metrics(doc: ElasticDoc) -> list[dict]:
     for c in doc.cases:
         base = f"{c.workload}/{c.config}"
         lab = {"workload": c.workload, "config": c.config}
-        out.append(model.metric(f"{base}/throughput", [c.throughput_qps], unit="queries/s", better="higher", **lab))
-        out.append(model.metric(f"{base}/latency_p50", [c.latency_ms.p50], unit="ms", **lab))
-        out.append(model.metric(f"{base}/cpu_per_query", [c.cpu_s_per_query], unit="s", **lab))
+        out.append(document.metric(f"{base}/throughput", [c.throughput_qps], unit="queries/s", better="higher", **lab))
+        out.append(document.metric(f"{base}/latency_p50", [c.latency_ms.p50], unit="ms", **lab))
+        out.append(document.metric(f"{base}/cpu_per_query", [c.cpu_s_per_query], unit="s", **lab))
         if c.tick_cpu_ms is not None:
-            out.append(model.metric(f"{base}/tick_cpu", [c.tick_cpu_ms], unit="ms", **lab))
+            out.append(document.metric(f"{base}/tick_cpu", [c.tick_cpu_ms], unit="ms", **lab))
     return out
 
 
@@ -146,7 +146,7 @@ def plot(doc: ElasticDoc, path: Path) -> Path:
 
 
 def upgrade_1(doc: dict) -> dict:
-    return model.legacy_envelope(doc, "elastic", doc.get("params", {}),
+    return document.legacy_envelope(doc, "elastic", doc.get("params", {}),
                                  {"cases": doc.get("cases", []), "notes": doc.get("notes", []), "plot": doc.get("plot")},
                                  complete=True)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.errors import UsageError
-from tilewise.results import model
+from tilewise.results import document
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
 
@@ -70,7 +70,7 @@ class LogRecord(Record):
 
 
 @dataclass
-class LogDoc(model.Document):
+class LogDoc(document.Document):
     records: list[LogRecord] = field(default_factory=list)
 
     @property
@@ -87,18 +87,13 @@ class LogDoc(model.Document):
         return p.get("source") or ", ".join(p.get("target") or []) or "log"
 
 
-# ---- writing (the daemon's side) -------------------------------------------------------------------
-
-def header(topo, params: dict, **env) -> dict:
-    """The first line: a results envelope of this kind (the environment captured now)."""
-    return model.new("elastic.log", topo=topo, params=params, **env)
-
+# ---- writing (the daemon's side: the first line is model.new("elastic.log", ...)) ---------------------
 
 def end_record(*, t: float | None, stop_reason: str | None, stats: dict | None, problems: Sequence[str] = (),
                interrupted: bool = False) -> dict:
     """The last line: why the daemon stopped, its own cost, what it could not restore."""
     rec = {"event": "end", "t": t, "stop_reason": stop_reason, "stats": stats, "problems": list(problems),
-           "complete": not interrupted, "interrupted": interrupted, "finished": model.now()}
+           "complete": not interrupted, "interrupted": interrupted, "finished": document.now()}
     return {k: v for k, v in rec.items() if v is not None or k in ("stop_reason", "stats")}
 
 
@@ -134,21 +129,9 @@ def current(doc: dict) -> dict:
 def upgrade_1(doc: dict) -> dict:
     """The log before the results model: the same records under a one-line header."""
     recs = doc.get("records") or []
-    out = model.legacy_envelope(doc, "elastic.log", {}, {"records": recs}, complete=False, metrics=False)
+    out = document.legacy_envelope(doc, "elastic.log", {}, {"records": recs}, complete=False)
     out["meta"]["started"] = None
-    return current(out)
-
-
-def read(path: str) -> dict:
-    """An elastic log (either format), for `tilewise elastic --replay`."""
-    try:
-        doc = model.load(path)
-    except model.NotResults as e:
-        raise UsageError(f"{path} is not a tilewise elastic log ({e})") from None
-    if doc.get("kind") != "elastic.log":
-        raise UsageError(f"{path} is not a tilewise elastic log: it holds {doc.get('kind')} results",
-                         "show it with tilewise report")
-    return doc
+    return out  # the loader reads its state from the end record (current)
 
 
 # ---- metrics and the summary -----------------------------------------------------------------------
@@ -161,8 +144,8 @@ def metrics(doc: LogDoc) -> list[dict]:
     for unit in units:
         ticks = [r for r in doc.ticks if r.unit == unit]
         pre = "" if len(units) == 1 else f"{unit}/"
-        out.append(model.metric(f"{pre}cores", [r.n_alloc for r in ticks], unit="cores", target=unit))
-        out.append(model.metric(f"{pre}tick_cpu", [r.tick_cpu_ms for r in ticks], unit="ms", target=unit))
+        out.append(document.metric(f"{pre}cores", [r.n_alloc for r in ticks], unit="cores", target=unit))
+        out.append(document.metric(f"{pre}tick_cpu", [r.tick_cpu_ms for r in ticks], unit="ms", target=unit))
     return out
 
 

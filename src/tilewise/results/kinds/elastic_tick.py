@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilewise.results import model
+from tilewise.results import document
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -43,13 +43,13 @@ class Case(Record):
 
 
 @dataclass
-class TickDoc(model.Document):
+class TickDoc(document.Document):
     proc: str = "synthetic"
     cases: list[Case] = field(default_factory=list)
 
 
 def metrics(doc: TickDoc) -> list[dict]:
-    return [model.metric(f"{c.mode}/tick_cpu", c.ticks_ms or [c.tick_cpu_ms.mean], unit="ms", mode=c.mode)
+    return [document.metric(f"{c.mode}/tick_cpu", c.ticks_ms or [c.tick_cpu_ms.mean], unit="ms", mode=c.mode)
             for c in doc.cases]
 
 
@@ -81,7 +81,7 @@ def csv_files(doc: TickDoc) -> dict[str, str]:
 
 
 def upgrade_1(doc: dict) -> dict:
-    return model.legacy_envelope(doc, "elastic.tick", {"proc": doc.get("proc")},
+    return document.legacy_envelope(doc, "elastic.tick", {"proc": doc.get("proc")},
                                  {"proc": doc.get("proc"), "cases": doc.get("cases", [])}, complete=True)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilewise.results import model
+from tilewise.results import document
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -75,15 +75,15 @@ class Summary(Record):
 
 
 @dataclass
-class OverheadDoc(model.Document):
+class OverheadDoc(document.Document):
     rounds: list[Round] = field(default_factory=list)
     summary: Summary = field(default_factory=Summary)
 
 
 def metrics(doc: OverheadDoc) -> list[dict]:
-    out = [model.metric(f"{side}/total", [getattr(r, side).total_s for r in doc.rounds if getattr(r, side)], unit="s",
+    out = [document.metric(f"{side}/total", [getattr(r, side).total_s for r in doc.rounds if getattr(r, side)], unit="s",
                         side=side) for side in ("plain", "tilewise")]
-    out.append(model.metric("tilewise/plain", doc.summary.ratio.ratios, unit="ratio"))
+    out.append(document.metric("tilewise/plain", doc.summary.ratio.ratios, unit="ratio"))
     return out
 
 

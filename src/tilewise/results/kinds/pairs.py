@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.errors import UsageError
-from tilewise.results import model
+from tilewise.results import document
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
 
 MODE_TITLES = {"cas": "compare-and-swap on one line", "rw": "one writer / one reader on two lines",
                "bw": "one writes a buffer, the other reads it"}
+# the pair classes of probes.pairs (CLASSES), nearest first
+CLASS_TITLES = {
+    "smt": "same core (SMT siblings)",
+    "l3": "within a chiplet (same L3)",
+    "node": "across chiplets, same NUMA node",
+    "package": "across NUMA nodes, same package",
+    "remote": "across packages",
+}
 
 
 @dataclass
@@ -29,7 +37,7 @@ class ClassSummary(Record):
 
 
 @dataclass
-class PairsDoc(model.Document):
+class PairsDoc(document.Document):
     probe: str = ""  # latency | bandwidth
     unit: str = ""
     cpus: list[int] = field(default_factory=list)
@@ -51,13 +59,11 @@ def metrics(doc: PairsDoc) -> list[dict]:
     for mode, classes in doc.summary.items():
         for cls, s in classes.items():
             vals = s.values or ([s.median] if s.median is not None else [])
-            out.append(model.metric(f"{mode}/{cls}", vals, unit=doc.unit, better=better, mode=mode, pair_class=cls))
+            out.append(document.metric(f"{mode}/{cls}", vals, unit=doc.unit, better=better, mode=mode, pair_class=cls))
     return out
 
 
 def render(doc: PairsDoc, out) -> None:
-    from tilewise.probes.pairs import CLASS_TITLES
-
     f = doc.number
     for m in doc.matrices:
         out.print(f"[bold]{doc.probe} ({m}: {MODE_TITLES.get(m, m)})[/bold], median per pair in {doc.unit}")
@@ -113,7 +119,7 @@ def upgrade_probe_1(doc: dict) -> dict:
         raise UsageError(f"unknown probe {doc.get('probe')!r} in a tilewise.probe/1 document")
     params = doc.get("params") or {k: doc.get(k) for k in ("ntimes", "runs", "size_rule")}
     body = {k: v for k, v in doc.items() if k not in ("format", "environment", "params", "complete")}
-    return model.legacy_envelope(doc, kind, params, body, complete=bool(doc.get("complete")),
+    return document.legacy_envelope(doc, kind, params, body, complete=bool(doc.get("complete")),
                                  warnings=doc.get("warnings"))
 
 

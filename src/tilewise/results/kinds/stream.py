@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise.results import model
+from tilewise.results import document
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -39,7 +39,7 @@ class Likwid(Record):
 
 
 @dataclass
-class StreamDoc(model.Document):
+class StreamDoc(document.Document):
     cpus: list[int] = field(default_factory=list)
     ntimes: int = 0
     runs: int = 1
@@ -53,7 +53,7 @@ def metrics(doc: StreamDoc) -> list[dict]:
         for k in KERNELS:
             vals = [r[k].best_gbs for r in c.runs if k in r]
             if vals:
-                out.append(model.metric(f"{c.policy}/{c.size_bytes}/{k}", vals, unit="GB/s", better="higher",
+                out.append(document.metric(f"{c.policy}/{c.size_bytes}/{k}", vals, unit="GB/s", better="higher",
                                         policy=c.policy, size_bytes=c.size_bytes, kernel=k))
     return out
 

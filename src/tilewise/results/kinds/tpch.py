@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 
 from tilewise.errors import TilewiseError, UsageError
-from tilewise.results import model, stats
+from tilewise.results import document, stats
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -135,7 +135,7 @@ class Validation(Record):
 
 
 @dataclass
-class TpchDoc(model.Document):
+class TpchDoc(document.Document):
     params: Params = field(default_factory=Params)
     policies: dict[str, Policy] = field(default_factory=dict)
     requested: PolicyList | None = None
@@ -200,14 +200,14 @@ def metrics(doc: TpchDoc) -> list[dict]:
             continue  # not run: it is the same deployment as an earlier policy
         for q, r in rec.queries.items():
             if r.times_s:
-                out.append(model.metric(f"{pol}/{q}", r.times_s, unit="s", warmups=r.warmup_s, policy=pol, query=q))
+                out.append(document.metric(f"{pol}/{q}", r.times_s, unit="s", warmups=r.warmup_s, policy=pol, query=q))
         if rec.run_wall_s:
-            out.append(model.metric(f"{pol}/run_wall", rec.run_wall_s, unit="s", warmups=rec.warmup_wall_s,
+            out.append(document.metric(f"{pol}/run_wall", rec.run_wall_s, unit="s", warmups=rec.warmup_wall_s,
                                     policy=pol))
         for key, _ in doc.figures:
             vals = [r.figure(key) for r in rec.tpch_runs]
             if any(v is not None for v in vals):
-                out.append(model.metric(f"{pol}/{key.replace('_at_size', '@size')}", vals, unit="queries/h",
+                out.append(document.metric(f"{pol}/{key.replace('_at_size', '@size')}", vals, unit="queries/h",
                                         better="higher", policy=pol))
     return out
 
@@ -584,7 +584,7 @@ def upgrade_1(doc: dict) -> dict:
     pols = doc.get("policies", {})
     complete = bool(pols) and all(p.get("complete") for p in pols.values())
     body = {"validation": doc.get("validation"), "policies": pols, "plots": doc.get("plots", [])}
-    return model.legacy_envelope(doc, "tpch", params, body, complete=complete,
+    return document.legacy_envelope(doc, "tpch", params, body, complete=complete,
                                  interrupted=any(p.get("error") == "interrupted" for p in pols.values()),
                                  started=doc.get("started"), finished=doc.get("finished"),
                                  warnings=doc.get("warnings"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise.results import model, stats
+from tilewise.results import document, stats
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -72,7 +72,7 @@ class Reproduce(Record):
 
 
 @dataclass
-class TuneDoc(model.Document):
+class TuneDoc(document.Document):
     target: dict | None = None
     cases: list[Case] = field(default_factory=list)
     default: Case | None = None
@@ -87,7 +87,7 @@ class TuneDoc(model.Document):
 
 
 def metrics(doc: TuneDoc) -> list[dict]:
-    return [model.metric(c.label, c.times, unit="s", warmups=c.warmup_s, config=c.label) for c in doc.cases]
+    return [document.metric(c.label, c.times, unit="s", warmups=c.warmup_s, config=c.label) for c in doc.cases]
 
 
 def render(doc: TuneDoc, out) -> None:
@@ -191,7 +191,7 @@ def fig6(doc: TuneDoc, path: Path) -> Path | None:
 
 def upgrade_1(doc: dict) -> dict:
     body = {k: v for k, v in doc.items() if k not in ("format", "version", "environment", "interrupted")}
-    return model.legacy_envelope(doc, "tune", {"target": doc.get("target"), "grid": doc.get("grid"),
+    return document.legacy_envelope(doc, "tune", {"target": doc.get("target"), "grid": doc.get("grid"),
                                                "repeat": doc.get("repeat"), "warmup": doc.get("warmup")}, body,
                                  complete=not doc.get("interrupted"), interrupted=bool(doc.get("interrupted")),
                                  started=doc.get("created"), warnings=doc.get("warnings"))

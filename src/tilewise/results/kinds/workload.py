@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilewise.results import model
+from tilewise.results import document
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
+
+# the workloads of tune.workloads (paper 003), as the tables and `workload --list` call them
+DESCRIPTIONS = {"W1": "holistic aggregation (median per group)", "W2": "distributive aggregation (count per group)",
+                "W3": "non-partitioned hash join (build 1 : probe 16)", "W4": "index nested-loop join (B+-tree)",
+                "alloc": "allocator microbenchmark (allocate+write / read+free)"}
 
 
 @dataclass
@@ -37,7 +42,7 @@ class Switch(Record):
 
 
 @dataclass
-class WorkloadDoc(model.Document):
+class WorkloadDoc(document.Document):
     workload: str = "workload"
     label: str = ""
     config: Config = field(default_factory=Config)
@@ -51,17 +56,15 @@ def metrics(doc: WorkloadDoc) -> list[dict]:
     r, w = doc.result, doc.workload
     out = []
     if r.time_s is not None:
-        out.append(model.metric(f"{w}/time", [r.time_s], unit="s", workload=w))
+        out.append(document.metric(f"{w}/time", [r.time_s], unit="s", workload=w))
     if r.max_rss_bytes is not None:
-        out.append(model.metric(f"{w}/max_rss", [r.max_rss_bytes], unit="bytes", workload=w))
+        out.append(document.metric(f"{w}/max_rss", [r.max_rss_bytes], unit="bytes", workload=w))
     return out
 
 
 def render(doc: WorkloadDoc, out) -> None:
-    from tilewise.tune import workloads as wl
-
     r, w = doc.result, doc.workload
-    out.print(f"[bold]{w}[/bold] {wl.DESCRIPTIONS.get(w, '')}: dataset {r.dataset}, {r.threads} thread(s)")
+    out.print(f"[bold]{w}[/bold] {DESCRIPTIONS.get(w, '')}: dataset {r.dataset}, {r.threads} thread(s)")
     out.print(f"  config     {doc.label}" + (f" (pinned to CPUs {r.pinned_cpus})" if r.pinned_cpus else ""), markup=False)
     out.print(f"  time       {r.time_s:.3f} s" + (f"  (index build {r.build_s:.3f} s, reported apart)" if w == "W4" else "")
               + (f"  (build {r.build_s:.3f} s, probe {r.probe_s:.3f} s)" if w == "W3" else ""), markup=False)
