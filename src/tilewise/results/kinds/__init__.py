@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tilewise.registry import Entry, Registry
+from tilewise.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -51,20 +50,8 @@ class Kind:
         return self.files(self.view(doc)) if callable(self.files) else self.files
 
 
-class _Kinds(Registry[Kind]):
-    """The registry, with its entry points read once per process: a kind is looked up for every
-    document read or written, and reading the installed packages' entry points takes tens of ms."""
-
-    @cached_property
-    def _entries(self) -> list[Entry]:
-        return super().entries()
-
-    def entries(self) -> list[Entry]:
-        return self._entries
-
-
 _K = "tilewise.results.kinds"
-REGISTRY = _Kinds("results kind", "tilewise.results", {
+REGISTRY = Registry("results kind", "tilewise.results", {
     "tpch": f"{_K}.tpch",
     "elastic": f"{_K}.elastic",
     "elastic.log": f"{_K}.elastic_log",
