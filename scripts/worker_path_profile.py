@@ -24,9 +24,9 @@ import psutil
 
 from tilewise import plan as planner
 from tilewise import topology
-from tilewise.bench import queries as Q
-from tilewise.data import tpch
 from tilewise import engines
+from tilewise.benchmarks.tpch import data as tpch
+from tilewise.benchmarks.tpch import queries as Q
 
 
 def cpu(p: psutil.Process) -> float:

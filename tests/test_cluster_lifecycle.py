@@ -16,7 +16,7 @@ import pytest
 
 from conftest import run_cli, tagged, wait_gone
 from tilewise import cpulist, plan, topology
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 
 pytestmark = pytest.mark.spark
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import FIXTURES, run_cli, wait_gone
 from tilewise import cpulist, engines, plan, topology
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import re
 import shutil
 import socket
@@ -25,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise import __version__, changes, engines
+from tilewise import __version__, changes, dirs, engines
 from tilewise.engines import procgroup
 from tilewise.engines.procgroup import ProcessCluster
 from tilewise.errors import TilewiseError, UsageError
@@ -43,11 +42,7 @@ def backend(engine: str) -> type[ProcessCluster]:
 
 
 def state_dir() -> Path:
-    if os.environ.get("TILEWISE_CLUSTER_DIR"):
-        return Path(os.environ["TILEWISE_CLUSTER_DIR"])
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(os.environ["XDG_RUNTIME_DIR"]) / "tilewise" / "clusters"
-    return Path(os.path.expanduser("~")) / ".cache" / "tilewise" / "clusters"
+    return dirs.cluster_dir()
 
 
 def check_name(name: str) -> str:

@@ -43,7 +43,7 @@ def bench_elastic(engine, sf, clients, duration, workloads, configs, interval, t
     tilewise bench elastic --sf 0.1 --clients 4 --duration 10
     """
     from tilewise import topology
-    from tilewise.data import tpch as tpch_data
+    from tilewise.benchmarks.tpch import data as tpch_data
     from tilewise.elastic import experiment as ex
     from tilewise.environment import system_check
     from tilewise.results import model, report

@@ -148,6 +148,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
     from tilewise.probes import matrix, stream as st
     from tilewise.results import model, report
     from tilewise.results.output import Writer
+    from tilewise.results.tables import human_bytes
 
     t = matrix.live_topology(topology_src)
     cpus = matrix.choose_cpus(t, cpus_text, smt=smt or bool(cpus_text))
@@ -190,7 +191,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
         out.write(doc)
         raise
     model.finish(doc, complete=True)
-    noisy = [f"{c['policy']}@{report.human_bytes(c['size_bytes'])}" for c in doc["cases"]
+    noisy = [f"{c['policy']}@{human_bytes(c['size_bytes'])}" for c in doc["cases"]
              if c["kernels"]["copy"]["median_gbs"] > 0
              and c["kernels"]["copy"]["best_gbs"] / c["kernels"]["copy"]["median_gbs"] > UNSTABLE]
     doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "

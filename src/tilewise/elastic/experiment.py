@@ -16,10 +16,8 @@ Any engine whose instances are replicas (one process each) can be the DBMS.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +27,10 @@ from tilewise import engines
 from tilewise import plan as planner
 from tilewise.engines.contract import EngineSpec, Query
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import model
+from tilewise.results import stats as S
+from tilewise.results.kinds import elastic_log
+from tilewise.results.output import LineWriter
 
 CONFIGS = ("os", "dense", "sparse", "adaptive")
 WORKLOADS = ("q6", "mixed")
@@ -98,11 +100,13 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
         raise UsageError(f"bench elastic manages one engine process; {spec.name}'s workers cooperate across several",
                          "use an engine whose instances are replicas (tilewise engines list)")
     data = Tables(Path(next(iter(tables.values()))).parent, {k: Path(v) for k, v in tables.items()})
-    texts = {int(n): spec.sql(sql, Query("tpch", int(n), 0, f"q{int(n):02d}")) for n, sql in queries.items()}
+    texts = {n: spec.sql(sql, Query("tpch", n, 0, f"q{int(n):02d}")) for n, sql in queries.items()}
     whole = planner.plan(topo, "wim", smt=True)  # one instance on every allowed CPU (the allocator trims it)
     recs: list[dict] = []
     d = None
     th = None
+    sink = None
+    res = None  # the clients' results: None while they run (the log then ends interrupted)
     runtime = spec.runtime_class()()
     try:
         runtime.start(whole, dataset=data)
@@ -115,7 +119,15 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
                 target = daemon.PidTarget(pid)
                 unit = daemon.Unit(f"{config}-{workload}", pool, petri.NetConfig(th_min, th_max, pool.n_total), config, target)
                 unit.enforcer = enforce.choose("auto", pid, None)
-                d = daemon.Daemon([unit], interval=interval, log=recs.append)
+                sink = _log(log_path, topo, {"target": [unit.name], "mode": config, "workload": workload,
+                                             "clients": clients, "duration": duration, "interval": interval,
+                                             "th_min": th_min, "th_max": th_max, "dry_run": False, "enforce": "auto"})
+
+                def log(rec: dict) -> None:
+                    recs.append(rec)
+                    sink.write(rec)
+
+                d = daemon.Daemon([unit], interval=interval, log=log)
                 d.start()
                 th = threading.Thread(target=d.run, name="elastic", daemon=True)
                 th.start()
@@ -127,19 +139,16 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
                 if th is not None:
                     th.join(timeout=10)
                 d.close()
+                sink.write(elastic_log.end_record(t=None, stop_reason=d.stop_reason, stats=d.stats(),
+                                                  problems=d.problems, interrupted=res is None))
+            if sink is not None:
+                sink.close()
         stats = d.stats() if d else None
         problems = list(d.problems) if d else []
     finally:
         runtime.stop()
     if res["errors"]:
         raise TilewiseError(f"{config}/{workload}: " + res["errors"][0])
-    if log_path is not None and d is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w") as f:
-            f.write(json.dumps({"event": "log", "format": "tilewise-elastic", "version": 1}) + "\n")
-            for r in recs:
-                f.write(json.dumps(r) + "\n")
-            f.write(json.dumps({"event": "end", "stop_reason": d.stop_reason, "stats": stats}) + "\n")
     lat = [r[3] for r in res["records"]]
     # cores over time, on the clients' clock (0 = "go")
     if d is not None:
@@ -169,11 +178,16 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
 
 
 def _lat(xs: list[float]) -> dict:
-    if not xs:
-        return {"mean": None, "p50": None, "p95": None}
-    s = sorted(xs)
-    return {"mean": round(1e3 * statistics.fmean(s), 3), "p50": round(1e3 * s[len(s) // 2], 3),
-            "p95": round(1e3 * s[min(len(s) - 1, int(0.95 * len(s)))], 3)}
+    """Latency in ms: mean, p50 and p95 (results.stats.percentile)."""
+    s = S.summarize([1e3 * x for x in xs], percentiles=(50, 95))
+    return S.rounded(s, ("mean", "p50", "p95"), 3)
+
+
+def _log(path: Path | None, topo, params: dict) -> LineWriter:
+    """The daemon's log of this case (kind elastic.log), written as the daemon runs."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return LineWriter(path, model.new("elastic.log", topo=topo, params=params, allocator="system") if path else None)
 
 
 def _time_weighted(timeline: list, wall: float) -> float:
@@ -198,7 +212,7 @@ def tables_for(workload: str, data: Path) -> dict:
 
 
 def queries_for(workload: str) -> dict:
-    from tilewise.bench import queries
+    from tilewise.benchmarks.tpch import queries
 
     if workload == "q6":
         return {6: queries.load(6)}

@@ -49,8 +49,8 @@ class Capabilities:
 class Query:
     """Which benchmark query a text is, for an engine's dialect hook."""
 
-    benchmark: str  # "tpch", "jcch", ...
-    number: int
+    benchmark: str  # "tpch", "jcch", ... (the benchmark registry's name)
+    id: int | str  # the query's id in its benchmark's catalog: 6, or "2a" where a query has parts
     stream: int  # 0: the power test; 1..S: the throughput test's streams
     key: str  # the reference-answer name: equal text, equal key ("q01" for TPC-H's validation text)
 

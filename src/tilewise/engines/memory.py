@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tilewise import topology
 from tilewise.errors import UsageError
 from tilewise.plan import Instance, Plan
 
@@ -97,6 +98,4 @@ class MemoryKnob:
 
 def live_node_memory() -> dict[int, int]:
     """NUMA node id -> bytes of this machine (what default sizes are computed from)."""
-    from tilewise import topology
-
     return {n.id: n.memory_bytes for n in topology.load(None).numa_nodes}

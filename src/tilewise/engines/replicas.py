@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from tilewise import launch
+from tilewise.binding import Binding
 from tilewise.engines.contract import ArrowRows, QueryResult
 from tilewise.engines.procgroup import ClusterError, Member, ProcessCluster
 from tilewise.engines.serve import READY, read_msg, write_msg
@@ -253,7 +253,7 @@ class ReplicaServers(ProcessCluster):
                     argv += ["--memory-mb", str(memory_mb[inst.id])]
                 if tables_file:
                     argv += ["--tables", str(tables_file)]
-                m = self._spawn("worker", inst.id, argv, launch.Binding.from_instance(inst, allocator),
+                m = self._spawn("worker", inst.id, argv, Binding.from_instance(inst, allocator),
                                 cores=len(inst.cpus), memory_mb=memory_mb.get(inst.id, 0), extra={"socket": str(path)})
                 self._verify_started(m)
                 if log:

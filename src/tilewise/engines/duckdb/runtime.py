@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tilewise.data import refresh
 from tilewise.engines.duckdb import SPEC
 from tilewise.engines.replicas import ReplicaServers
 
@@ -11,6 +12,4 @@ class DuckDBServers(ReplicaServers):
     server_module = "tilewise.engines.duckdb.server"
 
     def refresh_statements(self, function: str, rset) -> list[str]:
-        from tilewise.data import refresh
-
         return refresh.statements(function, rset, self.dataset)

@@ -10,14 +10,15 @@ JVM's memory (--worker-memory; default half of its node's memory, at most 31 GiB
 
 from __future__ import annotations
 
+from importlib.metadata import version as dist_version
+
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.memory import MemoryKnob
+from tilewise.engines.spark.home import spark_home
+from tilewise.errors import TilewiseError
 
 
 def missing() -> str | None:
-    from tilewise.engines.spark.cluster import spark_home
-    from tilewise.errors import TilewiseError
-
     try:
         spark_home()
     except TilewiseError as e:
@@ -26,8 +27,6 @@ def missing() -> str | None:
 
 
 def version() -> str:
-    from importlib.metadata import version as dist_version
-
     return f"pyspark {dist_version('pyspark')}"
 
 

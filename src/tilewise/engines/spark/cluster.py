@@ -14,7 +14,7 @@ query` starts a driver for its query and stops it after (close()).
 
 Every process started here (master, workers, the executors the workers fork, the driver) carries
 ``TILEWISE_CLUSTER_TOKEN=<token>`` in its environment (executors inherit the worker's environment).
-Stopping (procgroup.ProcessCluster.stop, through launch.stop) reaches every member's tree and every
+Stopping (procgroup.ProcessCluster.stop, through procs.stop) reaches every member's tree and every
 live process carrying the token, so nothing is orphaned even when a worker crashed and left its
 executor behind, or when the process that started the cluster is long gone. Everything binds to the
 cluster's host (loopback by default) with free ports; the UIs are off.
@@ -22,10 +22,8 @@ cluster's host (loopback by default) with free ports; the UIs are off.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import shutil
 import socket
 import sys
 import threading
@@ -33,11 +31,13 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from tilewise import launch
+from tilewise import nic, procs, verification
+from tilewise.binding import Binding
 from tilewise.engines import sqltypes
 from tilewise.engines.contract import QueryResult
-from tilewise.engines.procgroup import START_TIMEOUT_S, ClusterError, Member, ProcessCluster, free_port, log_tail
+from tilewise.engines.procgroup import START_TIMEOUT_S, Member, ProcessCluster, free_port, log_tail
 from tilewise.engines.spark import SPEC
+from tilewise.engines.spark.home import SparkError, spark_home
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance
 
@@ -53,24 +53,6 @@ TYPES = sqltypes.TypeNames({
     "int64": "BIGINT", "int32": "INT", "int16": "SMALLINT", "int8": "TINYINT", "double": "DOUBLE", "float": "FLOAT",
     "bool": "BOOLEAN", "date32[day]": "DATE", "string": "STRING", "large_string": "STRING", "string_view": "STRING",
 }, "DECIMAL")
-
-
-class SparkError(ClusterError):
-    pass
-
-
-def spark_home() -> Path:
-    """The pyspark installation (it ships bin/spark-class and the jars); checks java too."""
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or not spec.submodule_search_locations:
-        raise SparkError("pyspark is not installed", "install it with `pip install pyspark` (make setup does)")
-    home = Path(list(spec.submodule_search_locations)[0])
-    if not (home / "bin" / "spark-class").exists() or not (home / "jars").is_dir():
-        raise SparkError(f"pyspark at {home} has no bin/spark-class or jars/", "reinstall pyspark from PyPI")
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        raise SparkError("no Java runtime found (java not on PATH, JAVA_HOME unset)",
-                         "install one: apt-get install openjdk-17-jre-headless (scripts/setup-system.sh)")
-    return home
 
 
 def find_tables(dataset) -> dict[str, str]:
@@ -184,8 +166,6 @@ class SparkCluster(ProcessCluster):
               join=None, log=None) -> None:
         """Master (placed by the plan) and workers, started in parallel (workers retry until the master
         listens); a benchmark's runtime also starts its driver meanwhile. Waits until all are ready."""
-        from tilewise import nic
-
         spark_home()
         try:
             tables = self._tables(dataset) if dataset is not None else None
@@ -193,7 +173,7 @@ class SparkCluster(ProcessCluster):
             if not join:
                 self.placement = nic.place_coordinator(plan, *nic.detect(self.host))
                 inst = self.placement.coordinator
-                self.start_master(wait=False, binding=launch.Binding.from_instance(inst, allocator) if inst else None)
+                self.start_master(wait=False, binding=Binding.from_instance(inst, allocator) if inst else None)
                 if log:
                     log(f"master starting at {self.master_url}")
                 nic_node = self.placement.nic_node
@@ -221,14 +201,14 @@ class SparkCluster(ProcessCluster):
         return {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(dataset).items()}
 
     def start_master(self, timeout: float = START_TIMEOUT_S, *, wait: bool = True,
-                     binding: launch.Binding | None = None) -> str:
+                     binding: Binding | None = None) -> str:
         """Start the master on a free port; wait=False returns at once (check with wait_master)."""
         home = spark_home()
         port = free_port(self.host)
         argv = [str(home / "bin" / "spark-class"), MASTER_CLASS, "--host", self.host, "--port", str(port),
                 "--webui-port", "0"]
         self.master_url = f"spark://{self.host}:{port}"
-        self._spawn("master", None, argv, binding or launch.Binding(None))
+        self._spawn("master", None, argv, binding or Binding(None))
         if wait:
             self.wait_master(timeout)
         return self.master_url
@@ -248,7 +228,7 @@ class SparkCluster(ProcessCluster):
             raise SparkError("no master to join: start the master first")
         wdir = self.root / "work" / f"worker-{inst.id}"
         wdir.mkdir(parents=True, exist_ok=True)
-        b = launch.Binding.from_instance(inst, allocator)
+        b = Binding.from_instance(inst, allocator)
         argv = [str(home / "bin" / "spark-class"), WORKER_CLASS, url, "--cores", str(len(inst.cpus)),
                 "--memory", f"{memory_mb}m", "--work-dir", str(wdir), "--host", self.host, "--webui-port", "0"]
         m = self._spawn("worker", inst.id, argv, b, cores=len(inst.cpus), memory_mb=memory_mb)
@@ -285,7 +265,7 @@ class SparkCluster(ProcessCluster):
         try:
             argv = [sys.executable, "-m", "tilewise.engines.spark.driver", str(child.fileno())]
             # the driver lives as long as this process at most, even for a detached cluster
-            self.driver = self._spawn("driver", None, argv, launch.Binding(None), pass_fds=(child.fileno(),),
+            self.driver = self._spawn("driver", None, argv, Binding(None), pass_fds=(child.fileno(),),
                                       log_name=log_name, die_with_parent=True)
         finally:
             child.close()
@@ -365,7 +345,7 @@ class SparkCluster(ProcessCluster):
             except OSError:
                 pass
         if driver is not None:
-            launch.stop([driver.tree()])
+            procs.stop([driver.tree()])
             self.members = [m for m in self.members if m is not driver]
 
     # -- inspection --
@@ -393,7 +373,7 @@ class SparkCluster(ProcessCluster):
             if not registered:
                 self._unhealthy(d, "not registered with the master")
             for epid in executors_of(m.pid):
-                ev = launch.verify(epid, m.binding, allocator_wait_s=0.0)
+                ev = verification.verify(epid, m.binding, allocator_wait_s=0.0)
                 d["executors"].append({"pid": epid, "binding_verified": ev.verdict, "verification": ev.state,
                                        "problems": ev.problems})
                 if ev.verdict is False:

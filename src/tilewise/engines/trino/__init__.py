@@ -12,26 +12,21 @@ from __future__ import annotations
 
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.memory import MemoryKnob
+from tilewise.engines.trino import install
 
 COORDINATOR_MIN_MB = 768
 
 
 def missing() -> str | None:
-    from tilewise.engines.trino import install
-
     return install.missing()
 
 
 def version() -> str:
-    from tilewise.engines.trino import install
-
     return f"trino {install.version()}"
 
 
 def install_step(version: str | None = None, progress=None, keep_download: bool = False) -> dict:
     """Download, check and unpack the server into the user cache; what `engines install trino` shows."""
-    from tilewise.engines.trino import install
-
     path = install.install(version, progress=progress, keep_tarball=keep_download)
     try:
         java, java_problem = str(install.java_home()), None
@@ -46,8 +41,6 @@ def install_step(version: str | None = None, progress=None, keep_download: bool 
 
 
 def uninstall_step(version: str | None = None) -> list[str]:
-    from tilewise.engines.trino import install
-
     return install.uninstall(version)
 
 

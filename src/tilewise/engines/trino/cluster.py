@@ -30,13 +30,15 @@ import re
 import time
 from pathlib import Path
 
-from tilewise import launch
+from tilewise import nic
+from tilewise.binding import Binding
 from tilewise.engines.contract import QueryResult
 from tilewise.engines.procgroup import ClusterError, Member, ProcessCluster, free_port
 from tilewise.engines.trino import COORDINATOR_MIN_MB, SPEC
 from tilewise.engines.trino import hive
 from tilewise.engines.trino import install as ti
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.fsutil import atomic_write
 from tilewise.plan import Plan
 
 STARTED_RE = re.compile(r"======== SERVER STARTED ========")
@@ -214,8 +216,6 @@ class TrinoCluster(ProcessCluster):
         return d
 
     def _write_node(self, name: str, node_id: str, config: dict, jvm: list[str], catalog: dict) -> Path:
-        from tilewise.fsutil import atomic_write
-
         base = self.root / name
         etc, data = base / "etc", base / "data"
         (etc / "catalog").mkdir(parents=True, exist_ok=True)
@@ -229,7 +229,7 @@ class TrinoCluster(ProcessCluster):
                                                                             "tpch.column-naming": "STANDARD"}))
         return base
 
-    def _launch(self, role: str, instance: int | None, name: str, node_id: str, b: launch.Binding, *, cores: int,
+    def _launch(self, role: str, instance: int | None, name: str, node_id: str, b: Binding, *, cores: int,
                 heap_mb: int, config: dict, catalog: dict, port: int) -> Member:
         jvm = jvm_options(heap_mb, cores if b.cpus is not None else None)
         base = self._write_node(name, node_id, config, jvm, catalog)
@@ -269,8 +269,6 @@ class TrinoCluster(ProcessCluster):
 
     def _start_jvms(self, plan: Plan, memory_mb: dict[int, int], allocator: str, join: str | None, log,
                     coordinator_mb: int | None, placement, catalog: dict) -> None:
-        from tilewise import nic
-
         plugin_dir = self._plugin_dir()
         tag = self.token[:8]
         if join:
@@ -281,7 +279,7 @@ class TrinoCluster(ProcessCluster):
             self.endpoint = f"http://{self.host}:{port}"
             self.placement = placement or nic.place_coordinator(plan, *nic.detect(self.host))
             inst = self.placement.coordinator
-            b = (launch.Binding.from_instance(inst, allocator) if inst is not None else launch.Binding(None))
+            b = (Binding.from_instance(inst, allocator) if inst is not None else Binding(None))
             heap = coordinator_mb or coordinator_memory_mb(memory_mb)
             cluster_mb = sum(int(memory_mb[i.id] * HEAP_QUERY_SHARE) for i in plan.instances)
             m = self._launch("coordinator", None, "coordinator", f"coordinator-{tag}", b,
@@ -297,7 +295,7 @@ class TrinoCluster(ProcessCluster):
             wport = free_port(self.host)
             heap = memory_mb[inst.id]
             m = self._launch("worker", inst.id, f"worker-{inst.id}", f"worker-{inst.id}-{tag}",
-                             launch.Binding.from_instance(inst, allocator), cores=len(inst.cpus), heap_mb=heap,
+                             Binding.from_instance(inst, allocator), cores=len(inst.cpus), heap_mb=heap,
                              config=worker_config(wport, discovery, heap, len(inst.cpus), plugin_dir),
                              catalog=catalog, port=wport)
             if log:

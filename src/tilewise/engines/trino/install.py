@@ -34,6 +34,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from tilewise import dirs
 from tilewise.engines.contract import Progress
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import replace_dir
@@ -53,10 +54,7 @@ class InstallError(TilewiseError):
 
 
 def cache_root() -> Path:
-    if os.environ.get("TILEWISE_TRINO_HOME"):
-        return Path(os.environ["TILEWISE_TRINO_HOME"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tilewise" / "trino"
+    return dirs.cache_dir("trino", override="TILEWISE_TRINO_HOME")
 
 
 def mirror() -> str:
