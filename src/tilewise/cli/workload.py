@@ -101,15 +101,20 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
         w = name.strip().upper()
         given = explicit("ops", "slots")
         if given:
-            raise UsageError(f"{', '.join(given)} apply to the allocator microbenchmark (alloc), not {w}")
+            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the allocator "
+                             f"microbenchmark (alloc), not {w}")
         p = wt.make_params(w, dataset, records, groups, zipf_exponent, ratio, threads, seed, paper_scale, device,
                            variants_text, rename_method, bincount_memory_text, scale, iterations, tolerance, damping,
                            dtype, runs, warmup)
     else:
         given = explicit(*TENSOR_OPTIONS)
         if given:
-            raise UsageError(f"{', '.join(given)} apply to the tensor workloads T1-T3, not {name.strip()}")
-        w = wl.canonical(name)
+            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the tensor workloads "
+                             f"T1-T3, not {name.strip()}")
+        try:
+            w = wl.canonical(name)
+        except UsageError:
+            raise UsageError(f"unknown workload {name!r}", f"choose one of {', '.join(WORKLOAD_NAMES)}") from None
         p = make_params(w, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale)
     if topology_src and not dry_run:
         raise UsageError("--topology is for --dry-run only: workloads run on this machine", "add --dry-run, or drop --topology")

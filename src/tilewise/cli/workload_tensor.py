@@ -137,6 +137,7 @@ def run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_
     doc = model.new("workload.tensor", topo=t, system_check=system_check(numa_nodes=len(t.cpu_nodes)),
                     params={"workload": p.workload, **p.to_json(), "config": cfg.to_json(), "timeout_s": timeout,
                             "policy": policy, "instance": instance_id})
+    tr.preflight(p)
     err = console(stderr=True)
     if not as_json:
         err.print(f"{p.workload}: {DESCRIPTIONS[p.workload]} on {p.device}"

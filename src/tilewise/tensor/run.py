@@ -117,13 +117,14 @@ def validate(p: Params) -> None:
         given = [f for f, v in (("--records", p.records), ("--groups", p.groups), ("--ratio", p.ratio),
                                 ("--zipf-exponent", p.zipf_exponent), ("--bincount-memory", p.bincount_memory)) if v is not None]
         if given or p.rename != "auto":
-            raise UsageError(f"{', '.join(given) or '--rename'} do(es) not apply to T3 (a graph: --scale, --iterations, "
-                             "--tolerance, --damping, --dtype)")
+            given = given or ["--rename"]
+            raise UsageError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to T3 (a graph: --scale, "
+                             "--iterations, --tolerance, --damping, --dtype)")
     else:
         given = [f for f, v in (("--scale", p.scale), ("--iterations", p.iterations), ("--tolerance", p.tolerance),
                                 ("--damping", p.damping), ("--dtype", p.dtype)) if v is not None]
         if given:
-            raise UsageError(f"{', '.join(given)} appl(ies) to T3 (PageRank), not {w}")
+            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to T3 (PageRank), not {w}")
         if w == "T1" and p.ratio is not None:
             raise UsageError("--ratio applies to T2 (probe rows per build row), not T1")
         if p.dataset in ("unique",) and p.groups is not None:
@@ -144,6 +145,30 @@ def validate(p: Params) -> None:
     gpu_only = [v for v in (p.variants or ()) if v in GPU_ONLY]
     if gpu_only and p.device == "cpu":
         raise UsageError(f"--variants {','.join(gpu_only)} run on a GPU", "add --device cuda, or leave them out")
+
+
+def key_range(d: dict) -> tuple[int, int] | None:
+    """The keys' range known from the parameters alone (None for sparse keys: the data say)."""
+    if d["dataset"] == "unique":
+        return 0, d["records"] * (d["ratio"] if d["workload"] == "T2" else 1) - 1
+    if d["dataset"] == "uniform":
+        return 0, (d["records"] if d["workload"] == "T2" else d["groups"]) - 1
+    if d["dataset"] == "zipf":
+        return 0, d["groups"] - 1
+    return None
+
+
+def precheck_rename(d: dict) -> None:
+    """--rename none|offset that cannot fit: refused before any data is made (the worker checks the
+    data's real range again, with the device's free memory for a GPU)."""
+    rng = key_range(d)
+    if rng is None or d["rename"] not in ("none", "offset") or d["device"] != "cpu":
+        return
+    import psutil
+
+    budget = d["bincount_memory"] or psutil.virtual_memory().available // 4
+    counters = 1 if (d["workload"] == "T1" or d["dataset"] == "unique") else 2
+    rename.plan(rng[0], rng[1], d["records"], d["rename"], budget, counters=counters, what=d["workload"])
 
 
 def estimate_bytes(d: dict) -> int:
@@ -203,6 +228,15 @@ def check_text(doc: dict) -> str:
 
 # ---- running ------------------------------------------------------------------------------------
 
+def preflight(p: Params) -> dict:
+    """Every refusal that needs no data: bad parameters, too little memory, bincount too large."""
+    validate(p)
+    d = p.resolved()
+    check_memory(d)
+    precheck_rename(d)
+    return d
+
+
 def worker_env(pin: list[int] | None, gpu_uuid: str | None) -> dict:
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -238,9 +272,7 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
     from tilewise.tune import knobs
     from tilewise.tune.workloads import _run_bound
 
-    validate(p)
-    d = p.resolved()
-    check_memory(d)
+    d = preflight(p)
     allowed = set(cpus) if cpus else set(os.sched_getaffinity(0))
     threads = d["threads"] or len(allowed)
     d["threads"] = threads
@@ -261,7 +293,8 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
                                   env=worker_env(pin, gpu.uuid if gpu is not None else None))
         doc = _last_json(out, p.workload)
         if "error" in doc:
-            raise (UsageError if doc.get("usage") else TilewiseError)(f"{p.workload}: {doc['error']}")
+            msg = doc["error"] if doc["error"].startswith(f"{p.workload}:") else f"{p.workload}: {doc['error']}"
+            raise (UsageError if doc.get("usage") else TilewiseError)(msg)
         problems = [x for x in v.problems if not x.startswith("allocator")]
         if problems:
             raise TilewiseError(f"{p.workload}: binding not applied: " + "; ".join(problems))
