@@ -199,6 +199,17 @@ def describe_absence(g: Gpus) -> str:
     return f"no NVIDIA GPU in sysfs and {g.driver}{extra}"
 
 
+def cuda_env(env: dict, uuid: str | None) -> dict:
+    """The environment of a process that must see only the GPU `uuid` (None: no GPU at all is
+    hidden or chosen; an inherited CUDA_VISIBLE_DEVICES is dropped either way)."""
+    e = dict(env)
+    e.pop("CUDA_VISIBLE_DEVICES", None)
+    if uuid:
+        e["CUDA_VISIBLE_DEVICES"] = uuid
+        e["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return e
+
+
 def resolve_cuda(spec: str, g: Gpus, flag: str = "--device") -> PciDevice:
     """`cuda`, `cuda:N` (CUDA index) or `cuda:GPU-...` (a UUID or a unique prefix of one)."""
     head, sep, which = spec.strip().partition(":")

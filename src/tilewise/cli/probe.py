@@ -220,7 +220,7 @@ def gpu(device, size_text, reps, nodes_text, timeout, as_json, out_dir):
     node: the GPU's own node against the others (one bound process per node)."""
     from tilewise import devices, topology
     from tilewise.probes import gpu as gp
-    from tilewise.results import model, report
+    from tilewise.results import gpu as gpu_kind, model, report
     from tilewise.results.output import Writer
 
     size = parse_size(size_text, "--size", minimum=4096)
@@ -245,6 +245,7 @@ def gpu(device, size_text, reps, nodes_text, timeout, as_json, out_dir):
 
         gp.run(t, gpus, size, reps, nodes, timeout, on_case=on_case)
         doc["summary"] = gp.summarize(doc["cases"])
+        doc["metrics"] = gpu_kind.metrics(doc)
         model.finish(doc, complete=all("gbs" in c for c in doc["cases"]))
     except BaseException as e:
         model.stopped(doc, e)

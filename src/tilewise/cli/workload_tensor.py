@@ -118,7 +118,7 @@ def run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_
         pin = knobs.thread_order(t, cfg.placement, d["threads"] or len(allowed or t.pus), allowed)
         doc = {"workload": p.workload, "params": d, "config": cfg.to_json(), "pin": pin,
                "tile": picked[1].to_json() if picked else None, "gpu": gpu.to_json() if gpu else None,
-               "worker": tr.worker_argv("SPEC.json"), "estimated_bytes": tr.estimate_bytes(d)}
+               "worker": tr.worker("SPEC.json", pin, gpu.uuid if gpu else None)[0], "estimated_bytes": tr.estimate_bytes(d)}
         if as_json:
             emit_json(doc)
         else:
@@ -130,7 +130,7 @@ def run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_
             out.print(f"thread CPUs: {pin if pin else 'none (OS schedules)'}", markup=False)
         return
     from tilewise.environment import system_check
-    from tilewise.results import model, report
+    from tilewise.results import model, report, tensor as tensor_kind
     from tilewise.results.output import Writer
 
     writer = Writer(out_dir) if out_dir else Writer(None)
@@ -154,6 +154,7 @@ def run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_
                 "os_switches": {k: v.to_json() for k, v in run_state.items()},
                 "os_changed": [c.to_json() for c in changes], "os_restored": bool(changes)})
     doc["params"]["resolved"] = p.resolved()
+    doc["metrics"] = tensor_kind.metrics(doc)
     wrong = tr.wrong_answers(doc)
     model.finish(doc, complete=not wrong)
     writer.write(doc)

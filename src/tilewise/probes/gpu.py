@@ -17,9 +17,15 @@ import ctypes
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+
+from tilewise import cpulist, devices, native
+from tilewise.binding import Binding
+from tilewise.errors import TilewiseError, UsageError
+from tilewise.launch import Supervisor
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORY = ("pinned", "pageable")
@@ -35,8 +41,6 @@ class Case:
     local: bool
 
     def to_json(self) -> dict:
-        from tilewise import cpulist
-
         return {"gpu": self.gpu_index, "uuid": self.gpu_uuid, "gpu_node": self.gpu_node, "node": self.node,
                 "cpus": cpulist.format(self.cpus), "local": self.local}
 
@@ -44,8 +48,6 @@ class Case:
 def cases(topo, gpus, nodes: tuple[int, ...] | None = None) -> list[Case]:
     """Every GPU x every NUMA node with memory (or the nodes asked for). CPUs: the node's own; a
     CPU-less node (CXL, HBM) is driven from the GPU's local CPUs, or the first node with CPUs."""
-    from tilewise.errors import UsageError
-
     mem_nodes = [n for n in topo.numa_nodes if n.memory_bytes > 0 or n.cpus]
     if nodes is not None:
         known = {n.id for n in topo.numa_nodes}
@@ -83,109 +85,37 @@ def summarize(case_results: list[dict]) -> list[dict]:
     return out
 
 
-# ---- the results kind probe.gpu ---------------------------------------------------------------------
-
-def metrics(doc: dict) -> list[dict]:
-    from tilewise.results import model
-
-    out = []
-    for c in doc.get("cases", []):
-        for key, v in (c.get("gbs") or {}).items():
-            out.append(model.metric(f"gpu{c['gpu']}/node{c['node']}/{key}", v.get("reps", []), unit="GB/s",
-                                    better="higher", gpu=c["gpu"], node=c["node"], local=c["local"], copy=key))
-    return out
-
-
-def render(doc: dict, out) -> None:
-    from rich.table import Table
-
-    out.print(f"[bold]probe gpu[/bold]: {doc.get('size_bytes', 0) / 2**20:.0f} MiB per copy, {doc.get('reps')} copies per figure, "
-              "median GB/s (best)")
-    t = Table()
-    for col in ("GPU", "node", "", "H2D pinned", "H2D pageable", "D2H pinned", "D2H pageable", "pages on node"):
-        t.add_column(col)
-    for c in doc.get("cases", []):
-        if "gbs" not in c:
-            t.add_row(str(c["gpu"]), str(c["node"]), "local" if c["local"] else "", c.get("error", "-"), "", "", "", "")
-            continue
-        cells = [f"{c['gbs'][f'{d}_{m}']['median']:.1f} ({c['gbs'][f'{d}_{m}']['best']:.1f})" for d in DIRECTIONS for m in MEMORY]
-        t.add_row(str(c["gpu"]), str(c["node"]), "local" if c["local"] else "", *cells,
-                  ", ".join(f"{k} {v:.0%}" for k, v in (c.get("pages_on_node") or {}).items()))
-    out.print(t)
-    for s in doc.get("summary", []):
-        f = s["figures"]
-        if f["h2d_pinned"]["remote_to_local"] is not None:
-            out.print(f"  GPU {s['gpu']}: pinned H2D from the slowest remote node is {f['h2d_pinned']['remote_to_local']:.2f}x "
-                      f"of the local node's; D2H {f['d2h_pinned']['remote_to_local']:.2f}x", markup=False)
-        if s["pinned_to_pageable"].get("h2d") is not None:
-            out.print(f"  GPU {s['gpu']}: pinned / pageable on the local node: H2D {s['pinned_to_pageable']['h2d']:.2f}x, "
-                      f"D2H {s['pinned_to_pageable']['d2h']:.2f}x", markup=False)
-
-
-def csv_files(doc: dict) -> dict[str, str]:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["gpu", "uuid", "gpu_node", "node", "local", "copy", "median_gbs", "best_gbs", "reps_gbs"])
-    for c in doc.get("cases", []):
-        for key, v in (c.get("gbs") or {}).items():
-            w.writerow([c["gpu"], c.get("uuid"), c.get("gpu_node"), c["node"], c["local"], key, v["median"], v["best"],
-                        " ".join(f"{x:.3f}" for x in v["reps"])])
-    return {"gpu.csv": buf.getvalue()}
-
-
-def plots(doc: dict, out_dir: Path) -> list[Path]:
-    done = [c for c in doc.get("cases", []) if "gbs" in c]
-    if not done:
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [f"{d}_{m}" for d in DIRECTIONS for m in MEMORY]
-    fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(done)), 3.5))
-    width = 0.8 / len(keys)
-    for i, k in enumerate(keys):
-        ax.bar([j + i * width for j in range(len(done))], [c["gbs"][k]["median"] for c in done], width, label=k)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(done))])
-    ax.set_xticklabels([f"GPU {c['gpu']}\nnode {c['node']}{' (local)' if c['local'] else ''}" for c in done])
-    ax.set_ylabel("GB/s (median)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(out_dir) / "gpu.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
-
-
 # ---- running (the parent) ---------------------------------------------------------------------------
 
 def run(topo, gpus, size: int, reps: int, nodes: tuple[int, ...] | None = None, timeout: float = 300,
         on_case=None) -> list[dict]:
-    from tilewise.tensor.run import worker_env
-    from tilewise.tune.knobs import Config
-    from tilewise.tune.workloads import _run_bound
-
+    """Every case in its own bound process (verified from /proc before it measures); results in
+    case order, given to on_case after each."""
     results = []
     for c in cases(topo, gpus, nodes):
-        import tempfile
-
-        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="tilewise-gpu-") as f:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="tilewise-gpu-") as f, \
+                tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
             json.dump({"size": size, "reps": reps, "node": c.node}, f)
             f.flush()
-            cfg = Config(mem="membind", mem_nodes=(c.node,))
-            out, _, v = _run_bound([sys.executable, "-m", "tilewise.probes.gpu", f.name], cfg, f"probe gpu (node {c.node})",
-                                   timeout, "use a smaller --size", capture=True, cpus=c.cpus,
-                                   env=worker_env(None, c.gpu_uuid))
-        r = json.loads((out or b"{}").decode().strip().splitlines()[-1] or "{}")
-        rec = c.to_json() | {"verification": v.to_json()}
-        if "error" in r:
-            rec["error"] = r["error"]
-        else:
-            rec.update(r)
+            argv, env = native.python_worker("tilewise.probes.gpu", f.name)
+            with Supervisor() as sup:
+                s = sup.start(f"probe gpu {c.gpu_index} node {c.node}", argv, Binding(c.cpus, "membind", (c.node,)),
+                              env=devices.cuda_env(env, c.gpu_uuid), stdout=so, stderr=se, stdin=subprocess.DEVNULL)
+                try:
+                    rc = s.proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    raise TilewiseError(f"probe gpu: GPU {c.gpu_index} from node {c.node} took longer than {timeout:g} s",
+                                        "use a smaller --size or fewer --reps") from None
+            so.seek(0)
+            se.seek(0)
+            lines = so.read().decode(errors="replace").strip().splitlines()
+            if rc != 0 or not lines:
+                tail = se.read().decode(errors="replace").strip().splitlines()[-1:]
+                raise TilewiseError(f"probe gpu: the process for GPU {c.gpu_index}, node {c.node} failed (status {rc})"
+                                    + (f": {tail[0]}" if tail else ""))
+        r = json.loads(lines[-1])
+        rec = c.to_json() | {"verification": s.verification.to_json() if s.verification else None}
+        rec.update(r)
         results.append(rec)
         if on_case:
             on_case(results)

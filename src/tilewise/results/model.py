@@ -184,24 +184,11 @@ def _overhead_metrics(doc: dict) -> list[dict]:
     return out
 
 
-def _tensor_metrics(doc: dict) -> list[dict]:
-    from tilewise.tensor.report import metrics
-
-    return metrics(doc)
-
-
-def _gpu_probe_metrics(doc: dict) -> list[dict]:
-    from tilewise.probes.gpu import metrics
-
-    return metrics(doc)
-
-
 EXTRACTORS: dict[str, Callable[[dict], list[dict]]] = {
     "tpch": _tpch_metrics, "elastic": _elastic_metrics, "probe.latency": _pair_metrics,
     "probe.bandwidth": _pair_metrics, "probe.stream": _stream_metrics, "workload": _workload_metrics,
-    "tune": _tune_metrics, "overhead": _overhead_metrics, "workload.tensor": _tensor_metrics,
-    "probe.gpu": _gpu_probe_metrics,
-}
+    "tune": _tune_metrics, "overhead": _overhead_metrics,
+}  # workload.tensor and probe.gpu: their producers write their metrics
 
 
 def with_metrics(doc: dict) -> dict:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from tilewise.results import model, stats
+from tilewise.results import gpu, model, stats, tensor
 
 SPREAD_WARN = 0.10  # relative spread (max-min)/median above which a measurement is called unstable
 
@@ -657,23 +657,13 @@ def _num(x) -> str:
 
 # ---- dispatch ---------------------------------------------------------------------------------
 
-def _kind_module(kind: str):
-    """The kinds that live beside their producers (tensor workloads, the GPU probe)."""
-    import importlib
-
-    return importlib.import_module({"workload.tensor": "tilewise.tensor.report", "probe.gpu": "tilewise.probes.gpu"}[kind])
-
-
 def render_tensor(doc: dict, out) -> None:
-    from tilewise.tensor import DESCRIPTIONS
-
-    out.print(f"[bold]{doc['workload']}[/bold] {DESCRIPTIONS.get(doc['workload'], '')}")
-    _kind_module("workload.tensor").render_tensor(doc, out)
+    tensor.render(doc, out)
     render_environment_warnings(doc, out)
 
 
 def render_gpu_probe(doc: dict, out) -> None:
-    _kind_module("probe.gpu").render(doc, out)
+    gpu.render(doc, out)
     render_environment_warnings(doc, out)
 
 
@@ -683,18 +673,15 @@ RENDER = {"tpch": render_tpch, "elastic": render_elastic, "probe.latency": rende
           "probe.gpu": render_gpu_probe}
 CSV = {"tpch": tpch_csv, "elastic": elastic_csv, "probe.latency": pairs_csv, "probe.bandwidth": pairs_csv,
        "probe.stream": stream_csv, "tune": tune_csv,
-       "workload.tensor": lambda d: _kind_module("workload.tensor").tensor_csv(d),
-       "probe.gpu": lambda d: _kind_module("probe.gpu").csv_files(d)}
+       "workload.tensor": tensor.tensor_csv, "probe.gpu": gpu.csv_files}
 PLOTS = {"tpch": tpch_plots, "elastic": elastic_plots, "probe.latency": pairs_plots, "probe.bandwidth": pairs_plots,
          "probe.stream": stream_plots, "tune": tune_plots,
-         "workload.tensor": lambda d, o: _kind_module("workload.tensor").tensor_plots(d, o),
-         "probe.gpu": lambda d, o: _kind_module("probe.gpu").plots(d, o)}
+         "workload.tensor": tensor.tensor_plots, "probe.gpu": gpu.plots}
 # every file a kind may write: one that the current document does not produce is removed, so an
 # interrupted run never leaves an older run's table or plot beside its own results
 OWNED = {"tpch": ("results.csv", "tpch_metrics.csv", "speedup_per_query.png", "geomean_speedup.png", "tpch_metrics.png"),
          "elastic": ("results.csv", "elastic.png"), "probe.stream": ("stream.csv", "stream.png"),
-         "tune": ("results.csv", "fig6.png"), "workload.tensor": ("tensor.csv", "tensor.png"),
-         "probe.gpu": ("gpu.csv", "gpu.png")}
+         "tune": ("results.csv", "fig6.png"), "workload.tensor": tensor.FILES, "probe.gpu": gpu.FILES}
 
 
 SUMMARY = {"tpch": tpch_summary}

@@ -19,9 +19,11 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 
-from tilewise import native
+from tilewise import devices, native
 from tilewise.errors import TilewiseError, UsageError
-from tilewise.tensor import WORKLOADS, data, rename
+from tilewise.tensor import DESCRIPTIONS, WORKLOADS, data, rename
+from tilewise.tune import knobs
+from tilewise.tune.workloads import _run_bound
 
 VARIANTS = {"T1": ("eager", "compiled", "native", "duckdb", "cudf"),
             "T2": ("eager", "compiled", "native", "duckdb", "cudf"),
@@ -237,23 +239,14 @@ def preflight(p: Params) -> dict:
     return d
 
 
-def worker_env(pin: list[int] | None, gpu_uuid: str | None) -> dict:
-    env = dict(os.environ)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+def worker(spec_path: str, pin: list[int] | None, gpu_uuid: str | None) -> tuple[list[str], dict]:
+    """The worker's argv and environment: torch's OpenMP threads on the placement's CPUs (in order),
+    only its GPU visible."""
+    argv, env = native.python_worker("tilewise.tensor.worker", spec_path)
     if pin:
         env["OMP_PLACES"] = ",".join("{%d}" % c for c in pin)
         env["OMP_PROC_BIND"] = "close"
-    if gpu_uuid:
-        env["CUDA_VISIBLE_DEVICES"] = gpu_uuid
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    # the worker imports the tilewise running now (a worktree's sources included)
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def worker_argv(spec_path: str) -> list[str]:
-    return [sys.executable, "-m", "tilewise.tensor.worker", spec_path]
+    return argv, devices.cuda_env(env, gpu_uuid)
 
 
 def native_argv(workload: str, files: dict[str, str], threads: int, pin: list[int] | None, runs: int, warmup: int) -> list[str]:
@@ -269,9 +262,6 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
         gpu=None, on_message=None) -> dict:
     """One run of a tensor workload under cfg (bound to cpus when given, to gpu: a devices.PciDevice).
     Returns the worker's document plus the native baseline, the summary, the bindings read back."""
-    from tilewise.tune import knobs
-    from tilewise.tune.workloads import _run_bound
-
     d = preflight(p)
     allowed = set(cpus) if cpus else set(os.sched_getaffinity(0))
     threads = d["threads"] or len(allowed)
@@ -289,8 +279,8 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
         with open(spec_path, "w") as f:
             json.dump(d, f)
         hint = "use a smaller size or a larger --timeout"
-        out, wall, v = _run_bound(worker_argv(spec_path), cfg, p.workload, timeout, hint, capture=True, cpus=cpus,
-                                  env=worker_env(pin, gpu.uuid if gpu is not None else None))
+        argv, env = worker(spec_path, pin, gpu.uuid if gpu is not None else None)
+        out, wall, v = _run_bound(argv, cfg, p.workload, timeout, hint, capture=True, cpus=cpus, env=env)
         doc = _last_json(out, p.workload)
         if "error" in doc:
             msg = doc["error"] if doc["error"].startswith(f"{p.workload}:") else f"{p.workload}: {doc['error']}"
@@ -309,6 +299,7 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     doc["params"] = {k: v for k, v in d.items() if k not in ("dump_dir", "pin")}
+    doc["description"] = DESCRIPTIONS[p.workload]
     doc["summary"] = summarize(doc, doc["device"])
     doc["checked"] = doc["summary"]["checked"]
     doc["check"] = check_text(doc)
@@ -318,8 +309,6 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
 
 
 def run_native(workload: str, doc: dict, threads: int, pin, d: dict, cfg, cpus, timeout: float) -> dict:
-    from tilewise.tune.workloads import _run_bound
-
     argv = native_argv(workload, doc["files"], threads, pin, d["runs"], d["warmup"])
     out, _, v = _run_bound(argv, cfg, NATIVE[workload], timeout, "use a smaller size or a larger --timeout",
                            capture=True, cpus=cpus)

@@ -1,8 +1,9 @@
-"""The results kind `workload.tensor` (`tilewise workload T1|T2|T3`): its metrics, table, CSV and plot.
+"""The results kind `workload.tensor` (`tilewise workload T1|T2|T3`): its table, CSV and plot.
 
 Every variant's median time, its ratio to the tensor program run eagerly (and with the host-device
 transfer on a GPU), whether its answer was checked against the exact reference, and the thesis's
-figure beside it.
+figure beside it. The metrics (one per variant, its timed runs) are written by the producer
+(metrics() below, called by the command) and kept as they are.
 """
 
 from __future__ import annotations
@@ -11,20 +12,16 @@ import csv
 import io
 from pathlib import Path
 
-KIND = "workload.tensor"
 FILES = ("tensor.csv", "tensor.png")
 
 
 def metrics(doc: dict) -> list[dict]:
-    from tilewise.results import model
+    """One metric per variant: its timed runs (`tilewise report` compares them across runs)."""
+    from tilewise.results.model import metric
 
     w = doc.get("workload", "T")
-    out = []
-    for v in doc.get("variants", []):
-        if v.get("times_s"):
-            out.append(model.metric(f"{w}/{v['name']}", v["times_s"], unit="s", workload=w, variant=v["name"],
-                                    device=v.get("device")))
-    return out
+    return [metric(f"{w}/{v['name']}", v["times_s"], unit="s", workload=w, variant=v["name"], device=v.get("device"))
+            for v in doc.get("variants", []) if v.get("times_s")]
 
 
 def _ratio(x) -> str:
@@ -40,9 +37,10 @@ def _thesis(row: dict) -> str:
     return rng + t["text"]
 
 
-def render_tensor(doc: dict, out) -> None:
+def render(doc: dict, out) -> None:
     from rich.table import Table
 
+    out.print(f"[bold]{doc['workload']}[/bold] {doc.get('description', '')}")
     p = doc.get("params", {}).get("resolved") or doc.get("params", {})
     if doc["workload"] == "T3":
         shape = (f"R-MAT graph, {doc.get('nodes', 0):,} nodes, {doc.get('edges', 0):,} edges (LiveJournal x {p.get('scale')}), "
