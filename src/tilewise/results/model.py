@@ -3,7 +3,7 @@
 A results document (JSON) is::
 
     {"format": "tilewise-results", "version": 2, "kind": "tpch" | "elastic" | "probe.latency" |
-     "probe.bandwidth" | "probe.stream" | "workload" | "tune" | ... ,
+     "probe.bandwidth" | "probe.stream" | "workload" | "tune" | "workload.tensor" | "probe.gpu" | ... ,
      "meta": {"command", "argv", "cwd", "tilewise_version", "git_commit", "started", "finished"},
      "interrupted": false, "complete": true,
      "environment": {... environment.capture(): machine, kernel, topology (with its document),
