@@ -31,7 +31,7 @@ def _pair_probe(kind: str, topology_src, cpus_text, full, as_json, out_dir, para
     from dataclasses import asdict
 
     from tilewise.probes import matrix, pairs
-    from tilewise.results import model, report
+    from tilewise.results import model
     from tilewise.results.output import Writer
 
     t = matrix.live_topology(topology_src)
@@ -63,6 +63,13 @@ def _pair_probe(kind: str, topology_src, cpus_text, full, as_json, out_dir, para
         matrix.build_doc(doc, t, cpus, desc, stats, modes if stats else (), unit)
         doc["warnings"] = _pair_warnings(doc, modes)
         out.write(doc)
+    _show(doc, out, as_json)
+
+
+def _show(doc: dict, out, as_json: bool) -> None:
+    """The finished document on stdout: JSON, or the kind's table and the files written."""
+    from tilewise.results import report
+
     doc["written"] = out.written
     if as_json:
         emit_json(doc)
@@ -196,13 +203,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
     doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "
                        "a quiet machine, with more --ntimes or --runs"] if noisy else []
     out.write(doc, plots=True)
-    doc["written"] = out.written
-    if as_json:
-        emit_json(doc)
-        return
-    report.render(doc, console(wide=True))
-    for w in doc["written"]:
-        console().print(f"wrote {w}", markup=False)
+    _show(doc, out, as_json)
 
 
 @probe.command("gpu")
@@ -220,7 +221,7 @@ def gpu(device, size_text, reps, nodes_text, timeout, as_json, out_dir):
     node: the GPU's own node against the others (one bound process per node)."""
     from tilewise import devices, topology
     from tilewise.probes import gpu as gp
-    from tilewise.results import gpu as gpu_kind, model, report
+    from tilewise.results import gpu as gpu_kind, model
     from tilewise.results.output import Writer
 
     size = parse_size(size_text, "--size", minimum=4096)
@@ -252,10 +253,4 @@ def gpu(device, size_text, reps, nodes_text, timeout, as_json, out_dir):
         out.write(doc)
         raise
     out.write(doc, plots=True)
-    doc["written"] = out.written
-    if as_json:
-        emit_json(doc)
-        return
-    report.render(doc, console(wide=True))
-    for w in doc["written"]:
-        console().print(f"wrote {w}", markup=False)
+    _show(doc, out, as_json)
