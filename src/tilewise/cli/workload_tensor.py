@@ -51,6 +51,9 @@ def make_params(w, dataset, records, groups, zipf_exponent, ratio, threads, seed
     from tilewise.tensor import run as tr
 
     if paper_scale:
+        from tilewise.cli.common import conflicts
+
+        conflicts("--paper-scale", ("records", "scale"), "--paper-scale sets the thesis's sizes; give either")
         for k, v in tr.PAPER_SCALE[w].items():
             if k == "records" and records is None:
                 records = v
