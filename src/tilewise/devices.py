@@ -1,9 +1,7 @@
-"""PCI devices attached to NUMA nodes: GPUs and other accelerators first, NICs with them.
-
-Read from sysfs always (/sys/bus/pci/devices/*/{class,vendor,device,numa_node,local_cpulist}),
-and from NVML (nvidia-ml-py) where an NVIDIA driver is loaded: name, memory, UUID and the CUDA
-index. A device whose firmware reports no node (numa_node = -1) keeps node None and its
-local_cpulist, so a caller can say so and pick by CPUs or refuse.
+"""GPUs here: the topology model's PCI devices (tilewise.topology.pci, read from sysfs) with NVML's
+facts added where an NVIDIA driver is loaded (nvidia-ml-py): name, memory, UUID and the CUDA index.
+A device whose firmware reports no node (numa_node = -1) keeps node None and its local_cpulist,
+so a caller can say so and pick by CPUs or refuse (pci.locate).
 
 `resolve_cuda` turns `--device cuda`, `cuda:N` or `cuda:GPU-<uuid>` into one GPU, or one `Error:`
 line that says what is here.
@@ -12,102 +10,10 @@ line that says what is here.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
-from tilewise import cpulist
 from tilewise.errors import TilewiseError, UsageError
-
-VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD", 0x8086: "Intel", 0x15B3: "Mellanox", 0x14E4: "Broadcom",
-           0x1AF4: "Red Hat (virtio)", 0x1DED: "Alibaba", 0x1E52: "Tenstorrent", 0x1D0F: "Amazon"}
-# PCI class (base class, subclass) -> kind
-KINDS = {(0x03, 0x00): "gpu", (0x03, 0x02): "gpu", (0x12, 0x00): "accelerator", (0x02, 0x00): "nic",
-         (0x02, 0x07): "nic", (0x02, 0x80): "nic"}
-
-
-@dataclass(frozen=True)
-class PciDevice:
-    address: str  # domain:bus:device.function, e.g. 0000:17:00.0
-    kind: str  # gpu | accelerator | nic | other
-    vendor_id: int
-    device_id: int
-    class_code: int  # 24 bits: base class, subclass, prog-if
-    numa_node: int | None  # None: the firmware attaches it to no node (-1) or nothing says
-    local_cpus: tuple[int, ...] = ()
-    vendor: str | None = None
-    name: str | None = None
-    uuid: str | None = None  # NVML's GPU-xxxxxxxx-... (what CUDA_VISIBLE_DEVICES takes)
-    memory_bytes: int | None = None
-    index: int | None = None  # NVML / CUDA index (CUDA_DEVICE_ORDER=PCI_BUS_ID order)
-    os_devices: tuple[str, ...] = field(default_factory=tuple)  # cuda0, nvml0, eth0, ...
-
-    def label(self) -> str:
-        what = self.name or f"{self.vendor or hex(self.vendor_id)} device {self.device_id:04x}"
-        idx = f"GPU {self.index}: " if self.index is not None else ""
-        return f"{idx}{what} at {self.address}"
-
-    def to_json(self) -> dict:
-        return {"address": self.address, "kind": self.kind, "vendor_id": f"0x{self.vendor_id:04x}",
-                "device_id": f"0x{self.device_id:04x}", "class": f"0x{self.class_code:06x}", "vendor": self.vendor,
-                "name": self.name, "numa_node": self.numa_node, "local_cpus": cpulist.format(self.local_cpus),
-                "uuid": self.uuid, "memory_bytes": self.memory_bytes, "index": self.index,
-                "os_devices": list(self.os_devices)}
-
-
-def normalize_address(addr: str) -> str:
-    """NVML's 00000000:17:00.0 and sysfs's 0000:17:00.0 as one form (4-digit domain, lower case)."""
-    a = addr.strip().lower()
-    dom, sep, rest = a.partition(":")
-    if sep and rest.count(":") == 1 and len(dom) > 4:
-        a = f"{int(dom, 16):04x}:{rest}"
-    return a
-
-
-def _read(p: Path) -> str | None:
-    try:
-        return p.read_text().strip()
-    except OSError:
-        return None
-
-
-def read_sysfs(sysfs: str | os.PathLike = "/sys", kinds: tuple[str, ...] = ("gpu", "accelerator", "nic")) -> list[PciDevice]:
-    """The PCI devices of the given kinds under sysfs/bus/pci/devices, in address order."""
-    base = Path(sysfs) / "bus" / "pci" / "devices"
-    out = []
-    try:
-        entries = sorted(base.iterdir())
-    except OSError:
-        return []
-    for d in entries:
-        try:
-            cls = int(_read(d / "class") or "", 16)
-            vendor = int(_read(d / "vendor") or "", 16)
-            device = int(_read(d / "device") or "", 16)
-        except ValueError:
-            continue
-        kind = KINDS.get((cls >> 16, (cls >> 8) & 0xFF), "other")
-        if kind not in kinds:
-            continue
-        node_text = _read(d / "numa_node")
-        try:
-            node = int(node_text) if node_text is not None else None
-        except ValueError:
-            node = None
-        cpus_text = _read(d / "local_cpulist")
-        try:
-            cpus = tuple(cpulist.parse(cpus_text, what=f"{d.name}/local_cpulist")) if cpus_text else ()
-        except UsageError:
-            cpus = ()
-        osdevs = []
-        for sub in ("net", "drm"):
-            try:
-                osdevs += sorted(x.name for x in (d / sub).iterdir())
-            except OSError:
-                pass
-        out.append(PciDevice(normalize_address(d.name), kind, vendor, device, cls,
-                             node if node is not None and node >= 0 else None, cpus, VENDORS.get(vendor),
-                             os_devices=tuple(osdevs)))
-    return out
+from tilewise.topology.pci import VENDORS, PciDevice, kind_of, normalize_address, read_sysfs  # noqa: F401 - this module's API
 
 
 @dataclass(frozen=True)
@@ -162,11 +68,12 @@ def merge_nvml(devs: list[PciDevice], nvml: list[NvmlGpu]) -> list[PciDevice]:
         g = by_addr.pop(d.address, None)
         if g is not None:
             d = replace(d, name=g.name, uuid=g.uuid, memory_bytes=g.memory_bytes, index=g.index,
-                        os_devices=tuple(dict.fromkeys((*d.os_devices, f"cuda{g.index}", f"nvml{g.index}"))))
+                        os_devices=tuple(dict.fromkeys((*d.os_devices, f"cuda{g.index}", f"nvml{g.index}"))),
+                        source=f"{d.source}+nvml")
         out.append(d)
     for g in by_addr.values():
         out.append(PciDevice(g.pci_address, "gpu", 0x10DE, 0, 0x030200, None, (), "NVIDIA", g.name, g.uuid,
-                             g.memory_bytes, g.index, (f"cuda{g.index}", f"nvml{g.index}")))
+                             g.memory_bytes, g.index, (f"cuda{g.index}", f"nvml{g.index}"), "nvml"))
     return sorted(out, key=lambda d: d.address)
 
 
@@ -235,3 +142,38 @@ def resolve_cuda(spec: str, g: Gpus, flag: str = "--device") -> PciDevice:
     if not matches:
         raise UsageError(f"{flag} {spec}: no GPU has UUID {which}", f"GPUs here: {listing}")
     raise UsageError(f"{flag} {spec}: {which} is the start of {len(matches)} GPUs' UUIDs", "give more of the UUID")
+
+
+def with_nvml(t):
+    """This machine's topology with NVML's facts (name, memory, UUID, CUDA index) added to its GPUs,
+    where a driver is loaded; unchanged otherwise."""
+    found, _ = read_nvml()
+    if not found:
+        return t
+    return replace(t, devices=tuple(merge_nvml(list(t.devices), found)))
+
+
+def process_gpus(pid: int) -> tuple[list[str] | None, str]:
+    """The UUIDs of the GPUs on which NVML sees pid with a compute context, or (None, why not)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001
+        return None, f"no NVIDIA driver (NVML: {_nvml_text(e)})"
+    try:
+        on = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            if any(p.pid == pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)):
+                on.append(_s(pynvml.nvmlDeviceGetUUID(h)))
+        return on, "NVML"
+    except Exception as e:  # noqa: BLE001
+        return None, f"NVML failed: {_nvml_text(e)}"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
