@@ -70,8 +70,8 @@ def make_params(w, dataset, records, groups, zipf_exponent, ratio, threads, seed
     return p
 
 
-def tile(t, policy: str | None, instance_id: int | None):
-    """(cpus, memory policy, nodes, description) of the plan instance to run in, or Nones."""
+def tile(t, policy: str | None, instance_id: int | None, uses_gpu: bool = False):
+    """(plan, instance) to run in, or None. uses_gpu (--device cuda): auto plans GPU tiles."""
     from tilewise.cli.plan import make_plan
     from tilewise.errors import UsageError
 
@@ -79,7 +79,7 @@ def tile(t, policy: str | None, instance_id: int | None):
         if instance_id is not None:
             raise UsageError("--instance needs --policy", "e.g. --policy win --instance 1")
         return None
-    p = make_plan(t, policy.strip().lower(), None, None, None, False)
+    p = make_plan(t, policy.strip().lower(), None, None, None, False, uses_gpu=uses_gpu)
     i = instance_id or 0
     if not 0 <= i < len(p.instances):
         raise UsageError(f"instance {i} does not exist: the {p.policy} plan has {len(p.instances)}",
@@ -87,13 +87,25 @@ def tile(t, policy: str | None, instance_id: int | None):
     return p, p.instances[i]
 
 
-def resolve_gpu(device: str):
-    """None for cpu; the GPU (devices.PciDevice) for cuda[:N|:UUID], or one Error line."""
+def resolve_gpu(device: str, inst=None):
+    """None for cpu; the GPU (devices.PciDevice) for cuda[:N|:UUID], or one Error line. In a GPU
+    tile (inst.gpu) `cuda` is the tile's GPU, and another one is refused."""
     if device == "cpu":
         return None
     from tilewise import devices
+    from tilewise.errors import UsageError
 
-    return devices.resolve_cuda(device, devices.discover())
+    found = devices.discover()
+    if inst is None or not inst.gpu:
+        return devices.resolve_cuda(device, found)
+    mine = devices.resolve_cuda(f"cuda:{inst.gpu_uuid}" if inst.gpu_uuid else device, found)
+    if mine.address != inst.gpu:
+        raise UsageError(f"tile {inst.id} is GPU {inst.gpu}, which CUDA does not list here ({mine.address} is)",
+                         "plan on this machine (leave --topology out)")
+    if device != "cuda" and devices.resolve_cuda(device, found).address != mine.address:
+        raise UsageError(f"--device {device} is not tile {inst.id}'s GPU ({mine.label()})",
+                         "use --device cuda inside a GPU tile (the tile chooses the GPU)")
+    return mine
 
 
 def run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_run, out_dir, topology_src, as_json,
@@ -107,14 +119,14 @@ def run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_
     from tilewise.tensor import DESCRIPTIONS, run as tr
     from tilewise.tune import knobs
 
-    picked = tile(t, policy, instance_id)
+    picked = tile(t, policy, instance_id, uses_gpu=p.device != "cpu")
     cpus = None
     if picked is not None:
         plan, inst = picked
         cpus = tuple(inst.cpus)
         if cfg.mem == "first-touch" and not cfg.mem_nodes:  # the tile's memory unless --mem says otherwise
             cfg = knobs.Config(cfg.allocator, inst.mem_policy, tuple(inst.mem_nodes), cfg.placement, cfg.thp, cfg.autonuma)
-    gpu = resolve_gpu(p.device)
+    gpu = resolve_gpu(p.device, picked[1] if picked else None)
     if dry_run:
         d = p.resolved()
         allowed = set(cpus) if cpus else (None if topology_src else set(os.sched_getaffinity(0)))

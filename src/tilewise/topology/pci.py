@@ -27,7 +27,6 @@ from tilewise.errors import UsageError
 VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD", 0x8086: "Intel", 0x15B3: "Mellanox", 0x14E4: "Broadcom",
            0x1AF4: "Red Hat (virtio)", 0x1DED: "Alibaba", 0x1E52: "Tenstorrent", 0x1D0F: "Amazon"}
 KINDS_LISTED = ("gpu", "accelerator", "nic")  # what the model keeps (storage, bridges, USB: not)
-NODE_INFO = "tilewise:numa_node"  # on an exported PCIDev whose firmware reported no node: "-1"
 MEMORY_INFO = "tilewise:memory_bytes"  # on an exported PCIDev whose memory no CUDA OSDev carries
 # hwloc 2.x osdev_type numbers (3.0 writes a bit mask instead: see _osdev_kind)
 OSDEV_GPU, OSDEV_NETWORK, OSDEV_OPENFABRICS, OSDEV_COPROC = 1, 2, 3, 5
@@ -126,8 +125,8 @@ def read_sysfs(sysfs: str | os.PathLike = "/sys", kinds: tuple[str, ...] = KINDS
         except UsageError:
             cpus = ()
         osdevs = []
-        for sub in ("net", "infiniband", "drm"):
-            try:
+        for sub in ("net", "infiniband", "drm", *sorted(x.name + "/net" for x in d.glob("virtio*"))):
+            try:  # virtio functions hold their interface one level down (virtio0/net/eth0)
                 osdevs += sorted(x.name for x in (d / sub).iterdir() if not x.name.startswith("controlD"))
             except OSError:
                 pass
@@ -186,8 +185,6 @@ def from_hwloc(pcidev: ET.Element, node: int | None, local_cpus: tuple[int, ...]
             index = int(mm.group(1))
     if infos.get(MEMORY_INFO, "").isdigit():
         memory = int(infos[MEMORY_INFO])
-    if infos.get(NODE_INFO) == "-1":
-        node = None
     return PciDevice(normalize_address(busid), kind, vendor_id, device_id, cls, node, tuple(local_cpus),
                      VENDORS.get(vendor_id) or infos.get("PCIVendor"), name, uuid, memory, index,
                      tuple(osdevs), "hwloc")
@@ -215,8 +212,6 @@ def to_hwloc(parent: ET.Element, d: PciDevice, gp_index) -> None:
         ET.SubElement(pd, "info", {"name": "PCIVendor", "value": d.vendor})
     if d.name:
         ET.SubElement(pd, "info", {"name": "PCIDevice", "value": d.name})
-    if d.numa_node is None:
-        ET.SubElement(pd, "info", {"name": NODE_INFO, "value": "-1"})
     cuda_mem = d.memory_bytes is not None and d.memory_bytes % 1024 == 0 and any(o.startswith("cuda") for o in d.os_devices)
     if d.memory_bytes is not None and not cuda_mem:
         ET.SubElement(pd, "info", {"name": MEMORY_INFO, "value": str(d.memory_bytes)})
@@ -261,5 +256,5 @@ def locate(d: PciDevice, node_cpus: dict[int, tuple[int, ...]]) -> tuple[int | N
         return only, f"{d.label()}: the firmware reports no NUMA node (-1); this machine has one node, {only}"
     spread = sorted(n for n, cpus in node_cpus.items() if local & set(cpus))
     why = (f"its local CPUs {cpulist.format(d.local_cpus)} span nodes {cpulist.format(spread)}" if local
-           else "and no local CPUs")
-    return None, f"{d.label()}: the firmware reports no NUMA node (-1) {why}: its node is unknown"
+           else "it lists no local CPUs")
+    return None, f"{d.label()}: the firmware reports no NUMA node (-1) and {why}: its node is unknown"
