@@ -4,45 +4,108 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from tilewise import devices, topology
+from tilewise import devices, nic, topology
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.topology import hwloc_xml, pci
 
-# The sysfs attributes of four real PCI functions (class, vendor, device as the kernel prints them):
-# an NVIDIA A100-SXM4 (10de:20b0) on node 1, an H100 (10de:2330) whose firmware reports no node,
-# a Mellanox ConnectX-6 (15b3:101b) and a virtio network device (1af4:1041, this build machine's).
-SYSFS = {
-    "0000:07:00.0": ("0x030200", "0x10de", "0x20b0", "1", "16-31"),
-    "0000:c1:00.0": ("0x030200", "0x10de", "0x2330", "-1", "0-31"),
-    "0000:41:00.0": ("0x020700", "0x15b3", "0x101b", "0", "0-15"),
-    "0000:00:03.0": ("0x020000", "0x1af4", "0x1041", "-1", "0-1"),
-    "0000:00:00.0": ("0x060000", "0x8086", "0x0d57", "-1", "0-1"),  # a host bridge: not listed
-}
+FIX = Path(__file__).parent / "fixtures" / "devices"
+sys.path.insert(0, str(FIX))
+import make as trees  # noqa: E402  (tests/fixtures/devices/make.py: the saved sysfs trees)
+
+LSTOPO = shutil.which("lstopo-no-graphics") or shutil.which("lstopo")
 
 
-def _sysfs(tmp_path):
-    for addr, (cls, ven, dev, node, cpus) in SYSFS.items():
-        d = tmp_path / "bus" / "pci" / "devices" / addr
-        d.mkdir(parents=True)
-        for k, v in (("class", cls), ("vendor", ven), ("device", dev), ("numa_node", node), ("local_cpulist", cpus)):
-            (d / k).write_text(v + "\n")
-    (tmp_path / "bus" / "pci" / "devices" / "0000:41:00.0" / "net" / "ib0").mkdir(parents=True)
-    return tmp_path
+def _sysfs(tmp_path, name="two-socket-gpu-no-node"):
+    return trees.build(name, tmp_path / name) / "sys"
 
 
 def test_sysfs_devices_with_nodes_and_local_cpus(tmp_path):
     devs = devices.read_sysfs(_sysfs(tmp_path))
     by = {d.address: d for d in devs}
-    assert list(by) == ["0000:00:03.0", "0000:07:00.0", "0000:41:00.0", "0000:c1:00.0"]
+    assert list(by) == ["0000:07:00.0", "0000:41:00.0", "0000:81:00.0", "0000:c1:00.0"]
     a100 = by["0000:07:00.0"]
-    assert (a100.kind, a100.vendor, a100.numa_node, a100.local_cpus[:2]) == ("gpu", "NVIDIA", 1, (16, 17))
+    assert (a100.kind, a100.vendor, a100.numa_node, a100.local_cpus[:2]) == ("gpu", "NVIDIA", 1, (8, 9))
     h100 = by["0000:c1:00.0"]
-    assert h100.numa_node is None and len(h100.local_cpus) == 32  # node -1: say so, keep local_cpulist
-    assert by["0000:41:00.0"].kind == "nic" and by["0000:41:00.0"].os_devices == ("ib0",)
-    assert [d.address for d in devices.read_sysfs(tmp_path, kinds=("gpu",))] == ["0000:07:00.0", "0000:c1:00.0"]
+    assert h100.numa_node is None and len(h100.local_cpus) == 16  # node -1: say so, keep local_cpulist
+    cx6 = by["0000:41:00.0"]
+    assert cx6.kind == "nic" and cx6.os_devices == ("ib0", "mlx5_0")
+    assert [d.address for d in devices.read_sysfs(_sysfs(tmp_path), kinds=("gpu",))] == ["0000:07:00.0", "0000:81:00.0",
+                                                                                      "0000:c1:00.0"]
     assert devices.read_sysfs(tmp_path / "missing") == []
+
+
+def test_sysfs_topology_carries_its_devices(tmp_path):
+    t = topology.load(f"sysfs:{_sysfs(tmp_path, 'workstation-1gpu')}")
+    assert [(d.kind, d.address, d.numa_node) for d in t.devices] == [("gpu", "0000:01:00.0", None),
+                                                                      ("nic", "0000:05:00.0", None)]
+    assert t.gpus[0].os_devices == ("card0", "renderD128") and t.nics[0].os_devices == ("enp5s0",)
+    # one node: a GPU without firmware node is on it
+    assert pci.locate(t.gpus[0], {n.id: n.cpus for n in t.cpu_nodes})[0] == 0
+
+
+@pytest.mark.parametrize("name", sorted(trees.TREES))
+def test_tilewise_places_sysfs_devices_where_lstopo_does(tmp_path, name):
+    """The same tree read by tilewise (sysfs) and by real lstopo (the XML beside make.py): the same
+    devices, and pci.locate picks the node hwloc hangs each device from (none for c1:00.0)."""
+    t = topology.load(f"sysfs:{_sysfs(tmp_path, name)}")
+    x = topology.load(str(FIX / f"{name}.xml"))
+    assert [d.address for d in t.devices] == [d.address for d in x.devices]
+    nodes = {n.id: n.cpus for n in t.cpu_nodes}
+    for d, h in zip(t.devices, x.devices):
+        hwloc_node = h.numa_node if len(t.numa_nodes) > 1 else 0 if h.numa_node is None else h.numa_node
+        assert pci.locate(d, nodes)[0] == hwloc_node, d.address
+        assert (d.vendor_id, d.device_id, d.class_code >> 8) == (h.vendor_id, h.device_id, h.class_code >> 8)
+
+
+def test_g4dn_metal_export_has_8_gpus_4_per_node_and_the_nics():
+    t = topology.load(str(FIX / "g4dn-metal.xml"))
+    assert t.summary().startswith("2 packages, 2 NUMA nodes")
+    assert [(g.index, g.numa_node) for g in t.gpus] == [(i, i // 4) for i in range(8)]
+    g0 = t.gpus[0]
+    assert (g0.name, g0.uuid, g0.memory_bytes, g0.address) == (
+        "Tesla T4", "GPU-029490c8-a116-638b-7018-1a6b7a9002ef", 15472384 * 1024, "0000:18:00.0")
+    assert g0.local_cpus == tuple(range(24)) + tuple(range(48, 72)) and g0.source == "hwloc"
+    assert [(d.address, d.os_devices, d.numa_node) for d in t.nics] == [
+        ("0000:c5:00.0", ("rdmap197s0",), 1), ("0000:c6:00.0", ("eth0",), 1)]
+    assert nic.nic_numa_node("eth0", devices=t.devices) == 1  # one device model for NICs too
+
+
+def test_export_keeps_devices_and_real_lstopo_reads_it(tmp_path):
+    t = topology.load(str(FIX / "g4dn-metal.xml"))
+    out = tmp_path / "g4dn-export.xml"
+    hwloc_xml.save(t, out)
+    back = topology.load(str(out))
+    assert back.devices == tuple(replace(d, os_devices=d.os_devices) for d in t.devices)
+    two = topology.load(str(FIX / "two-socket-gpu-no-node.xml"))
+    hwloc_xml.save(two, tmp_path / "two.xml")
+    assert [(d.address, d.numa_node) for d in topology.load(str(tmp_path / "two.xml")).devices] == [
+        (d.address, d.numa_node) for d in two.devices]  # the node -1 GPU hangs from the Machine again
+    if LSTOPO is None:
+        pytest.skip("no lstopo here (apt-get install hwloc)")
+    text = subprocess.run([LSTOPO, "--input", str(out), "--of", "console"], capture_output=True, text=True,
+                          check=True).stdout
+    assert text.count("(3D)") == 8 and 'CoProc(CUDA) "cuda7"' in text and 'GPU(NVML) "nvml0"' in text
+    assert 'Net "eth0"' in text and 'OpenFabrics "rdmap197s0"' in text
+    pkg1 = text.split("Package L#1", 1)[1]
+    assert 'cuda4' in pkg1 and 'cuda3' not in pkg1  # each GPU under its node's package
+
+
+def test_topo_shows_and_lists_devices(cli):
+    cp = cli("topo", "--topology", str(FIX / "g4dn-metal.xml"))
+    assert cp.returncode == 0, cp.stderr
+    assert "GPU 0000:18:00.0 Tesla T4 [10de:1eb8]  NUMA P#0, local cpus 0-23,48-71" in cp.stdout
+    assert "NIC 0000:c6:00.0 Elastic Network Adapter (ENA) [1d0f:ec20]  NUMA P#1" in cp.stdout
+    doc = json.loads(cli("topo", "--topology", str(FIX / "two-socket-gpu-no-node.xml"), "--json").stdout)
+    assert [(d["address"], d["kind"], d["numa_node"]) for d in doc["devices"]] == [
+        ("0000:07:00.0", "gpu", 1), ("0000:41:00.0", "nic", 0), ("0000:81:00.0", "gpu", 0), ("0000:c1:00.0", "gpu", None)]
 
 
 def _gpus(tmp_path) -> devices.Gpus:
@@ -51,15 +114,15 @@ def _gpus(tmp_path) -> devices.Gpus:
             devices.NvmlGpu(1, "GPU-9c2e7f00-aaaa-bbbb-cccc-0123456789ab", "NVIDIA H100 80GB HBM3", 80 * 2**30,
                             devices.normalize_address("00000000:C1:00.0"))]
     devs = devices.merge_nvml(devices.read_sysfs(_sysfs(tmp_path), kinds=("gpu",)), nvml)
-    return devices.Gpus(tuple(devs), "NVIDIA driver 550.54.15")
+    return devices.Gpus(tuple(d for d in devs if d.address != "0000:81:00.0"), "NVIDIA driver 550.54.15")
 
 
 def test_nvml_facts_join_sysfs_by_pci_address(tmp_path):
     g = _gpus(tmp_path)
     a100, h100 = g.cuda
     assert (a100.index, a100.name, a100.numa_node, a100.os_devices) == (0, "NVIDIA A100-SXM4-40GB", 1, ("cuda0", "nvml0"))
-    assert h100.memory_bytes == 80 * 2**30 and h100.numa_node is None
-    assert json.loads(json.dumps(h100.to_json()))["local_cpus"] == "0-31"
+    assert h100.memory_bytes == 80 * 2**30 and h100.numa_node is None and h100.source == "sysfs+nvml"
+    assert json.loads(json.dumps(h100.to_json()))["local_cpus"] == "0-15"
 
 
 def test_resolve_cuda_by_index_and_uuid(tmp_path):
@@ -80,8 +143,8 @@ def test_resolve_cuda_by_index_and_uuid(tmp_path):
 
 def test_no_cuda_gpu_is_one_line_saying_what_is_here(tmp_path):
     g = devices.Gpus(tuple(devices.read_sysfs(_sysfs(tmp_path), kinds=("gpu",))), "no NVIDIA driver (NVML: Driver Not Loaded)")
-    with pytest.raises(TilewiseError, match=r"sysfs shows 2 NVIDIA GPU\(s\) \(0000:07:00.0, 0000:c1:00.0\) but CUDA cannot "
-                                            r"use them: no NVIDIA driver"):
+    with pytest.raises(TilewiseError, match=r"sysfs shows 3 NVIDIA GPU\(s\) \(0000:07:00.0, 0000:81:00.0, 0000:c1:00.0\) but "
+                                            r"CUDA cannot use them: no NVIDIA driver"):
         devices.resolve_cuda("cuda", g)
     with pytest.raises(TilewiseError, match="no NVIDIA GPU in sysfs"):
         devices.resolve_cuda("cuda:0", devices.Gpus((), "nvidia-ml-py is not installed"))
@@ -142,3 +205,21 @@ def test_probe_gpu_measures_pinned_and_pageable_per_node(cli, tmp_path):
         assert c["verification"]["ok"] and c["gbs"]["h2d_pinned"]["median"] > 0
         assert c["pages_on_node"]["pinned"] > 0.9  # pinned host memory landed on the bound node
     assert (tmp_path / "gpu.csv").is_file()
+
+
+@pytest.mark.device
+@pytest.mark.skipif(not devices.discover().cuda, reason="no CUDA GPU here (NVML finds none)")
+def test_exec_in_a_gpu_tile_sees_only_its_gpu_bound_to_its_node(cli):
+    """On this machine: tile 0 of --policy gpu runs bound to its GPU's node, sees one GPU (its UUID),
+    and verification reads the CPU mask, the memory policy and the GPU back."""
+    pytest.importorskip("torch")
+    code = ("import os, torch; torch.zeros(1, device='cuda'); "
+            "print(torch.cuda.device_count(), os.environ['CUDA_VISIBLE_DEVICES'])")
+    cp = cli("exec", "--policy", "gpu", "--instance", "0", "--json", "--", sys.executable, "-c", code, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    inst, v = doc["instance"], doc["verification"]
+    assert inst["gpu_uuid"] and doc["binding"]["gpu"] == inst["gpu_uuid"]
+    assert v["checks"]["cpus"]["state"] == "verified" and v["checks"]["memory"]["state"] == "verified"
+    assert v["checks"]["gpu"]["state"] in ("verified", "not checkable") and v["ok"]
+    assert cp.stderr.strip().splitlines()[-1] == f"1 {inst['gpu_uuid']}"
