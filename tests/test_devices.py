@@ -223,3 +223,22 @@ def test_exec_in_a_gpu_tile_sees_only_its_gpu_bound_to_its_node(cli):
     assert v["checks"]["cpus"]["state"] == "verified" and v["checks"]["memory"]["state"] == "verified"
     assert v["checks"]["gpu"]["state"] in ("verified", "not checkable") and v["ok"]
     assert cp.stderr.strip().splitlines()[-1] == f"1 {inst['gpu_uuid']}"
+
+
+@pytest.mark.parametrize("name,gpus,per_node", [("power8-4gpu", 4, 2), ("nvidia-dgx2", 16, 8)])
+def test_hwloc_test_suite_gpu_exports(name, gpus, per_node):
+    """hwloc's own 3.0 exports (POWER8 + 4 P100, DGX-2 + 16 V100): tilewise reads their PCIDev/OSDev
+    objects, and hwloc 3.0's 2.x rewrite of them, which Debian's lstopo reads, gives the same devices."""
+    t = topology.load(str(FIX / f"{name}.xml"))
+    v2 = topology.load(str(FIX / f"{name}-as-v2.xml"))
+    assert [(g.address, g.numa_node, g.uuid) for g in t.gpus] == [(g.address, g.numa_node, g.uuid) for g in v2.gpus]
+    assert len(t.gpus) == gpus and [g.numa_node for g in t.gpus] == [i // per_node for i in range(gpus)]
+    assert all(g.uuid.startswith("GPU-") and g.name.startswith("Tesla") for g in t.gpus)
+    assert [g.index for g in t.gpus] == list(range(gpus))
+    assert all(d.is_gpu for d in t.devices)  # NVSwitches (class 0680) are not kept
+    if name == "power8-4gpu":
+        assert t.gpus[0].address == "0002:01:00.0" and t.gpus[0].memory_bytes == 16671616 * 1024
+    if LSTOPO is not None:
+        text = subprocess.run([LSTOPO, "--input", str(FIX / f"{name}-as-v2.xml"), "--of", "console"],
+                              capture_output=True, text=True, check=True).stdout
+        assert text.count("(3D)") == gpus

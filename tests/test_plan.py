@@ -353,3 +353,12 @@ def test_gpu_tile_binding_env_and_verification(tmp_path):
     none = check(42, b.gpu, str(proc), nvml=lambda pid: (None, "no NVIDIA driver"))
     assert none.state == verification.NOT_CHECKABLE and "verified; which GPU it runs on: no NVIDIA driver" in none.detail
     assert check(42, "GPU-x", str(proc), nvml=lambda pid: ([b.gpu], "NVML")).state == verification.MISMATCH
+
+
+def test_policy_gpu_on_hwloc_test_suite_exports():
+    p8 = plan.plan(_gpu_topo("power8-4gpu"), "gpu", smt=True)  # 2 P100 per node, 4 cores SMT2 per node
+    assert [(i.numa_nodes, i.cores, i.cpus) for i in p8.instances[:2]] == [((0,), 2, (0, 1, 8, 9)), ((0,), 2, (16, 17, 24, 25))]
+    dgx = plan.plan(_gpu_topo("nvidia-dgx2"), "gpu")  # 8 V100 per node, 2 cores per node in this file
+    assert len(dgx.instances) == 16 and [i.cpus for i in dgx.instances[:3]] == [(0,), (1,), (0,)]
+    assert [i.cpus for i in dgx.instances[8:10]] == [(24,), (25,)]
+    assert "node 0 has 8 GPUs but 2 usable core(s): tiles share cores" in " ".join(dgx.notes)
