@@ -242,3 +242,34 @@ def test_hwloc_test_suite_gpu_exports(name, gpus, per_node):
         text = subprocess.run([LSTOPO, "--input", str(FIX / f"{name}-as-v2.xml"), "--of", "console"],
                               capture_output=True, text=True, check=True).stdout
         assert text.count("(3D)") == gpus
+
+
+def test_nvml_reading_through_nvidia_ml_py(monkeypatch, tmp_path):
+    """read_nvml/process_gpus/with_nvml against nvidia-ml-py's API (a stand-in module: no driver
+    here), one NVML session each, shut down on every path."""
+    import types
+
+    calls = []
+    gpus = [("GPU-aaaa", "NVIDIA A100-SXM4-40GB", 40 << 30, "00000000:07:00.0", [4242]),
+            ("GPU-bbbb", "NVIDIA H100 80GB HBM3", 80 << 30, "00000000:C1:00.0", [])]
+    nv = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: len(gpus), nvmlDeviceGetHandleByIndex=lambda i: gpus[i],
+        nvmlDeviceGetUUID=lambda h: h[0].encode(), nvmlDeviceGetName=lambda h: h[1],
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=h[2]),
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=h[3].encode()),
+        nvmlSystemGetDriverVersion=lambda: b"550.54.15",
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [types.SimpleNamespace(pid=p) for p in h[4]])
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    found, why = devices.read_nvml()
+    assert why == "NVIDIA driver 550.54.15" and [(g.index, g.uuid, g.pci_address) for g in found] == [
+        (0, "GPU-aaaa", "0000:07:00.0"), (1, "GPU-bbbb", "0000:c1:00.0")]
+    assert devices.process_gpus(4242) == (["GPU-aaaa"], "NVML") and devices.process_gpus(1) == ([], "NVML")
+    t = topology.load(f"sysfs:{_sysfs(tmp_path)}")
+    withn = devices.with_nvml(t)
+    assert [(g.address, g.uuid, g.index) for g in withn.gpus] == [
+        ("0000:07:00.0", "GPU-aaaa", 0), ("0000:81:00.0", None, None), ("0000:c1:00.0", "GPU-bbbb", 1)]
+    assert calls.count("init") == calls.count("shutdown") == 4
+    nv.nvmlDeviceGetCount = lambda: 1 / 0
+    assert devices.read_nvml()[0] is None and "NVML failed" in devices.read_nvml()[1]
+    assert calls.count("init") == calls.count("shutdown")

@@ -25,8 +25,9 @@ class NvmlGpu:
     pci_address: str
 
 
-def read_nvml() -> tuple[list[NvmlGpu] | None, str]:
-    """NVML's GPUs, or (None, why not): no nvidia-ml-py, no driver, or an NVML error."""
+def _nvml_session(per_gpu, done: str | None = None):
+    """Run per_gpu(pynvml, index, handle) over NVML's GPUs in one init/shutdown: (results, what
+    answered), or (None, why not): no nvidia-ml-py, no driver, or an NVML error."""
     try:
         import pynvml
     except ImportError:
@@ -36,13 +37,8 @@ def read_nvml() -> tuple[list[NvmlGpu] | None, str]:
     except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, _DriverNotLoaded, ...
         return None, f"no NVIDIA driver (NVML: {_nvml_text(e)})"
     try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            out.append(NvmlGpu(i, _s(pynvml.nvmlDeviceGetUUID(h)), _s(pynvml.nvmlDeviceGetName(h)),
-                               int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                               normalize_address(_s(pynvml.nvmlDeviceGetPciInfo(h).busId))))
-        return out, f"NVIDIA driver {_s(pynvml.nvmlSystemGetDriverVersion())}"
+        out = [per_gpu(pynvml, i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        return out, done or f"NVIDIA driver {_s(pynvml.nvmlSystemGetDriverVersion())}"
     except Exception as e:  # noqa: BLE001
         return None, f"NVML failed: {_nvml_text(e)}"
     finally:
@@ -50,6 +46,13 @@ def read_nvml() -> tuple[list[NvmlGpu] | None, str]:
             pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def read_nvml() -> tuple[list[NvmlGpu] | None, str]:
+    """NVML's GPUs, or (None, why not)."""
+    return _nvml_session(lambda nv, i, h: NvmlGpu(
+        i, _s(nv.nvmlDeviceGetUUID(h)), _s(nv.nvmlDeviceGetName(h)), int(nv.nvmlDeviceGetMemoryInfo(h).total),
+        normalize_address(_s(nv.nvmlDeviceGetPciInfo(h).busId))))
 
 
 def _s(x) -> str:
@@ -155,25 +158,6 @@ def with_nvml(t):
 
 def process_gpus(pid: int) -> tuple[list[str] | None, str]:
     """The UUIDs of the GPUs on which NVML sees pid with a compute context, or (None, why not)."""
-    try:
-        import pynvml
-    except ImportError:
-        return None, "nvidia-ml-py is not installed"
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:  # noqa: BLE001
-        return None, f"no NVIDIA driver (NVML: {_nvml_text(e)})"
-    try:
-        on = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            if any(p.pid == pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)):
-                on.append(_s(pynvml.nvmlDeviceGetUUID(h)))
-        return on, "NVML"
-    except Exception as e:  # noqa: BLE001
-        return None, f"NVML failed: {_nvml_text(e)}"
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+    found, why = _nvml_session(lambda nv, i, h: _s(nv.nvmlDeviceGetUUID(h)) if any(
+        p.pid == pid for p in nv.nvmlDeviceGetComputeRunningProcesses(h)) else None, "NVML")
+    return ([u for u in found if u] if found is not None else None), why
