@@ -273,3 +273,20 @@ def test_nvml_reading_through_nvidia_ml_py(monkeypatch, tmp_path):
     nv.nvmlDeviceGetCount = lambda: 1 / 0
     assert devices.read_nvml()[0] is None and "NVML failed" in devices.read_nvml()[1]
     assert calls.count("init") == calls.count("shutdown")
+
+
+@pytest.mark.parametrize("attr,value", [("pci_busid", "zz"), ("pci_type", "nonsense"), ("pci_type", "")])
+def test_malformed_pcidev_is_one_error(attr, value):
+    text = (FIX / "workstation-1gpu.xml").read_text()
+    old = 'pci_busid="0000:01:00.0"' if attr == "pci_busid" else 'pci_type="0300 [10de:2684] [10de:0000] f'
+    start = text.index(old)
+    end = text.index('"', start + len(attr) + 2) + 1
+    with pytest.raises(UsageError, match="PCIDev with pci_busid="):
+        hwloc_xml.load("bad.xml", text=text[:start] + f'{attr}="{value}"' + text[end:])
+
+
+def test_a_pcidev_listed_twice_keeps_the_first_with_a_warning():
+    text = (FIX / "workstation-1gpu.xml").read_text().replace('pci_busid="0000:05:00.0"', 'pci_busid="0000:01:00.0"')
+    t = hwloc_xml.load("dup.xml", text=text)
+    assert [d.kind for d in t.devices] == ["gpu"]
+    assert {"level": "warning", "text": "two PCIDev objects with pci_busid 0000:01:00.0: the first is kept"} in t.notes

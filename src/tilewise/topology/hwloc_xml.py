@@ -409,12 +409,12 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
 
 
 def _devices(r: _Reader, nodes: dict, notes: list[dict]) -> list:
-    """The PCI devices read, one per address (a file listing one twice is an error, as in hwloc)."""
+    """The PCI devices read, one per address (an edited file listing one twice: the first, noted)."""
     seen: dict[str, object] = {}
     for d in r.devices:
         if d.address in seen:
-            raise UsageError(f"{r.where}: two PCIDev objects with pci_busid {d.address}",
-                             "each PCI function appears once in an hwloc export")
+            notes.append(note("warning", f"two PCIDev objects with pci_busid {d.address}: the first is kept"))
+            continue
         seen[d.address] = d
     unknown = [d for d in r.devices if d.numa_node is None]
     if unknown and len(nodes) > 1:
