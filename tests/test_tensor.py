@@ -247,3 +247,14 @@ def test_on_cuda_checked_with_transfer(cli, w, args):
 @gpu
 def test_cuda_index_that_does_not_exist(cli):
     assert "there is no GPU 64 here" in _error(cli, "T1", "--device", "cuda:64")
+
+
+def test_gpu_check_reads_the_workers_own_view():
+    from tilewise.tensor.run import gpu_check
+
+    u = "GPU-84bc1679-aa5f-9954-5afe-8c689c01ec13"
+    seen = {"count": 1, "visible": u, "cuda_uuid": "84bc1679-aa5f-9954-5afe-8c689c01ec13"}
+    assert gpu_check(seen, u)["state"] == "verified"
+    assert gpu_check({**seen, "cuda_uuid": "00000000-aa5f-9954-5afe-8c689c01ec13"}, u)["state"] == "mismatch"
+    assert gpu_check({**seen, "count": 2}, u)["got"].startswith("2 GPU(s) visible")
+    assert gpu_check({**seen, "cuda_uuid": None}, u)["state"] == "not checkable"

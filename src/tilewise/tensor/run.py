@@ -289,6 +289,8 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
         if problems:
             raise TilewiseError(f"{p.workload}: binding not applied: " + "; ".join(problems))
         doc["verification"] = v.to_json()
+        if gpu is not None:
+            doc["verification"]["checks"]["gpu"] = gpu_check(doc.get("gpu") or {}, gpu.uuid)
         doc["wall_s"] = wall
         if want_native:
             if on_message:
@@ -306,6 +308,21 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
     if gpu is not None:
         doc["gpu"] = {**(doc.get("gpu") or {}), **gpu.to_json()}
     return doc
+
+
+def gpu_check(seen: dict, uuid: str | None) -> dict:
+    """The worker's own view (what CUDA listed and ran on) against the GPU it was given: one GPU
+    visible, CUDA_VISIBLE_DEVICES its UUID, and CUDA's device UUID the same (where torch reports it)."""
+    want = uuid or "(no UUID)"
+    cuda = (seen.get("cuda_uuid") or "").lower().removeprefix("gpu-")
+    if seen.get("count") != 1 or seen.get("visible") != uuid:
+        return {"state": "mismatch", "want": want, "got": f"{seen.get('count')} GPU(s) visible, "
+                f"CUDA_VISIBLE_DEVICES={seen.get('visible')}", "detail": None}
+    if not cuda:
+        return {"state": "not checkable", "want": want, "got": None, "detail": "torch reports no device UUID; "
+                f"CUDA_VISIBLE_DEVICES={uuid} and one GPU visible"}
+    same = uuid is not None and cuda == uuid.lower().removeprefix("gpu-")
+    return {"state": "verified" if same else "mismatch", "want": want, "got": f"CUDA device {cuda}", "detail": None}
 
 
 def run_native(workload: str, doc: dict, threads: int, pin, d: dict, cfg, cpus, timeout: float) -> dict:

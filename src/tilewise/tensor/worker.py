@@ -360,7 +360,9 @@ def run(spec: dict) -> dict:
     if spec["workload"] == "T3":
         doc.update({"nodes": inp["nodes"], "edges": int(len(inp["src"]))})
     if device.type == "cuda":
-        doc["gpu"] = {"name": torch.cuda.get_device_name(device), "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)  # what CUDA itself runs on
+        doc["gpu"] = {"name": torch.cuda.get_device_name(device), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                      "count": torch.cuda.device_count(), "cuda_uuid": str(uuid) if uuid is not None else None}
     doc["max_rss_bytes"] = _vmhwm()
     return doc
 
