@@ -362,3 +362,12 @@ def test_policy_gpu_on_hwloc_test_suite_exports():
     assert len(dgx.instances) == 16 and [i.cpus for i in dgx.instances[:3]] == [(0,), (1,), (0,)]
     assert [i.cpus for i in dgx.instances[8:10]] == [(24,), (25,)]
     assert "node 0 has 8 GPUs but 2 usable core(s): tiles share cores" in " ".join(dgx.notes)
+
+
+def test_plan_cli_gpu_tiles_and_the_unknown_node_refusal(cli):
+    doc = json.loads(cli("plan", "--topology", str(GPU_FIX / "g4dn-metal.xml"), "--policy", "gpu", "--json").stdout)
+    assert doc["policy"] == "gpu" and [i["gpu"] for i in doc["instances"]][:2] == ["0000:18:00.0", "0000:19:00.0"]
+    assert doc["instances"][0]["gpu_uuid"] == "GPU-029490c8-a116-638b-7018-1a6b7a9002ef"
+    cp = cli("plan", "--topology", str(GPU_FIX / "two-socket-gpu-no-node.xml"), "--policy", "gpu")
+    assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1
+    assert "0000:c1:00.0: the firmware reports no NUMA node (-1) and its local CPUs 0-15 span nodes 0-1" in cp.stderr
