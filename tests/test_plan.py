@@ -371,3 +371,13 @@ def test_plan_cli_gpu_tiles_and_the_unknown_node_refusal(cli):
     cp = cli("plan", "--topology", str(GPU_FIX / "two-socket-gpu-no-node.xml"), "--policy", "gpu")
     assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1
     assert "0000:c1:00.0: the firmware reports no NUMA node (-1) and its local CPUs 0-15 span nodes 0-1" in cp.stderr
+
+
+def test_policy_gpu_skips_gpus_whose_node_has_no_allowed_core():
+    t = _gpu_topo("g4dn-metal")
+    p = plan.plan(replace(t, allowed_cpus=tuple(range(24, 48))), "gpu")  # a container on node 1 only
+    assert [i.gpu for i in p.instances] == [g.address for g in t.gpus[4:]]
+    assert any("no usable core there" in n for n in p.notes)
+    two = _gpu_topo("power8-4gpu")
+    with pytest.raises(UsageError, match="have no usable core here"):
+        plan.plan(replace(two, devices=two.gpus[:2], allowed_cpus=(80, 81)), "gpu")

@@ -246,13 +246,19 @@ def _gpu_split(t: Topology, units) -> tuple[list[list], list[pci.PciDevice], lis
     reasons = [why for _, _, why in placed]
     notes: list[str] = []
     by_node = {n: [u for u in units if u[0].numa_node == n] for n in {node for _, node, _ in placed}}
+    blocked = sorted(n for n, cores in by_node.items() if not cores)
+    if blocked:
+        skipped = [g.address for g, n, _ in placed if n in blocked]
+        if len(blocked) == len(by_node):
+            raise UsageError(f"--policy gpu: the GPUs' NUMA node(s) {cpulist.format(blocked)} have no usable core here",
+                             "run where those nodes' CPUs are allowed, or use a CPU policy")
+        notes.append(f"GPU(s) {', '.join(skipped)} on node(s) {cpulist.format(blocked)}: no usable core there "
+                     "(allowed CPUs), no tile")
+        by_node = {n: c for n, c in by_node.items() if c}
     groups, gpus = [], []
     for node in sorted(by_node):
         mine = [g for g, n, _ in placed if n == node]
         cores = by_node[node]
-        if not cores:
-            raise UsageError(f"--policy gpu: NUMA node {node} holds {len(mine)} GPU(s) but none of its cores is usable",
-                             "run where node {node}'s CPUs are allowed, or use a CPU policy")
         k, n = len(mine), len(cores)
         if n >= k:
             size, extra = divmod(n, k)
