@@ -12,6 +12,8 @@ Import reads what hwloc reads:
   have PUs with no NUMA node above them: hwloc shows them without one; tilewise puts them in an
   invented node named by their ``complete_nodeset`` and says so in ``Topology.notes``.
 - Without Package or Core objects, one package and one core per PU are invented and marked.
+- PCIDev objects of GPUs, accelerators and NICs (below Bridges, with their OSDevs: cuda0, nvml0,
+  eth0) become the model's devices (topology/pci.py), on the node of the object they hang from.
 
 Export writes hwloc 2.x XML that ``lstopo --input FILE`` accepts: Machine > Package > (Group per
 NUMA node when a package holds several) > L3Cache > Core > PU, or, where one L3 holds several
@@ -19,7 +21,8 @@ nodes (sub-NUMA clustering), Package > L3Cache > Group per node > Core > PU as h
 NUMA nodes as memory children (below their memory-side caches), CPU-less memory nodes attached to
 the Machine, the SLIT as a ``distances2`` matrix written as hwloc writes it (10 indexes or values
 per element; left out when it is the default one), memory attributes, and measured CPU-pair
-matrices (latency, bandwidth) as extra named ``distances2`` matrices over PUs. Invented objects
+matrices (latency, bandwidth) as extra named ``distances2`` matrices over PUs, and the devices as
+host Bridge > PCIDev > OSDev under their node's object (the Machine without a node). Invented objects
 are not written (a re-import invents them again), except invented NUMA nodes, marked with an info.
 """
 
