@@ -161,7 +161,7 @@ def test_probe_gpu_cases_summary_and_table(tmp_path):
     from rich.console import Console
 
     from tilewise.probes import gpu as gp
-    from tilewise.results import gpu as kind
+    from tilewise.results.kinds import gpu as kind
 
     t = topology.load("synthetic:Package:2 [NUMANode(memory=64GB)] L3Cache:1 Core:4 PU:1")
     a100 = _gpus(tmp_path).cuda[0]  # on node 1

@@ -155,6 +155,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
     from tilewise.probes import matrix, stream as st
     from tilewise.results import model, report
     from tilewise.results.output import Writer
+    from tilewise.results.tables import human_bytes
 
     t = matrix.live_topology(topology_src)
     cpus = matrix.choose_cpus(t, cpus_text, smt=smt or bool(cpus_text))
@@ -197,7 +198,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
         out.write(doc)
         raise
     model.finish(doc, complete=True)
-    noisy = [f"{c['policy']}@{report.human_bytes(c['size_bytes'])}" for c in doc["cases"]
+    noisy = [f"{c['policy']}@{human_bytes(c['size_bytes'])}" for c in doc["cases"]
              if c["kernels"]["copy"]["median_gbs"] > 0
              and c["kernels"]["copy"]["best_gbs"] / c["kernels"]["copy"]["median_gbs"] > UNSTABLE]
     doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "
@@ -221,7 +222,8 @@ def gpu(device, size_text, reps, nodes_text, timeout, as_json, out_dir):
     node: the GPU's own node against the others (one bound process per node)."""
     from tilewise import devices, topology
     from tilewise.probes import gpu as gp
-    from tilewise.results import gpu as gpu_kind, model
+    from tilewise.results import model
+    from tilewise.results.kinds import gpu as gpu_kind
     from tilewise.results.output import Writer
 
     size = parse_size(size_text, "--size", minimum=4096)

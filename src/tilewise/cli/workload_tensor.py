@@ -145,7 +145,8 @@ def run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_
             out.print(f"thread CPUs: {pin if pin else 'none (OS schedules)'}", markup=False)
         return
     from tilewise.environment import system_check
-    from tilewise.results import model, report, tensor as tensor_kind
+    from tilewise.results import model, report
+    from tilewise.results.kinds import tensor as tensor_kind
     from tilewise.results.output import Writer
 
     writer = Writer(out_dir) if out_dir else Writer(None)

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tilewise.results import document
+from tilewise.results import tables as T
+from tilewise.results.document import metric
+from tilewise.results.kinds import Kind
+
 DIRECTIONS = ("h2d", "d2h")  # as tilewise.probes.gpu writes them: "<direction>_<memory>"
 MEMORY = ("pinned", "pageable")
 FILES = ("gpu.csv", "gpu.png")
@@ -12,8 +17,6 @@ FILES = ("gpu.csv", "gpu.png")
 
 def metrics(doc: dict) -> list[dict]:
     """One metric per (GPU, node, copy): its timed copies in GB/s (the producer stores them)."""
-    from tilewise.results.model import metric
-
     out = []
     for c in doc.get("cases", []):
         for key, v in (c.get("gbs") or {}).items():
@@ -85,3 +88,14 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
+
+
+def _render(doc: document.Document, out) -> None:
+    render(doc.to_json(), out)
+    T.footer(doc, out)
+
+
+# the document stays a plain dict (its body is read with .get); the producer writes its metrics
+KIND = Kind(name="probe.gpu", document=document.Document, render=_render,
+            csv=lambda doc: csv_files(doc.to_json()), plots=lambda doc, out_dir: plots(doc.to_json(), out_dir),
+            files=FILES)

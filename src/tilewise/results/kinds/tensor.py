@@ -12,13 +12,16 @@ import csv
 import io
 from pathlib import Path
 
+from tilewise.results import document
+from tilewise.results import tables as T
+from tilewise.results.document import metric
+from tilewise.results.kinds import Kind
+
 FILES = ("tensor.csv", "tensor.png")
 
 
 def metrics(doc: dict) -> list[dict]:
     """One metric per variant: its timed runs (`tilewise report` compares them across runs)."""
-    from tilewise.results.model import metric
-
     w = doc.get("workload", "T")
     return [metric(f"{w}/{v['name']}", v["times_s"], unit="s", workload=w, variant=v["name"], device=v.get("device"))
             for v in doc.get("variants", []) if v.get("times_s")]
@@ -76,8 +79,6 @@ def render(doc: dict, out) -> None:
     v = doc.get("verification") or {}
     if v:
         out.print(f"  binding    {v.get('summary') or v.get('state') or ''}".rstrip(), markup=False)
-    for w in doc.get("warnings", []):
-        out.print(f"  warning    {w}", markup=False)
 
 
 def tensor_csv(doc: dict) -> dict[str, str]:
@@ -115,3 +116,14 @@ def tensor_plots(doc: dict, out_dir: Path) -> list[Path]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
+
+
+def _render(doc: document.Document, out) -> None:
+    render(doc.to_json(), out)
+    T.footer(doc, out)
+
+
+# the document stays a plain dict (its body is read with .get); the producer writes its metrics
+KIND = Kind(name="workload.tensor", document=document.Document, render=_render,
+            csv=lambda doc: tensor_csv(doc.to_json()), plots=lambda doc, out_dir: tensor_plots(doc.to_json(), out_dir),
+            files=FILES)
