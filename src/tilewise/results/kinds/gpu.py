@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tilewise.results import document
-from tilewise.results import tables as T
 from tilewise.results.document import metric
 from tilewise.results.kinds import Kind
 
@@ -69,10 +67,9 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
     done = [c for c in doc.get("cases", []) if "gbs" in c]
     if not done:
         return []
-    import matplotlib
+    from tilewise.results import plots as P
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = P.pyplot()
 
     keys = [f"{d}_{m}" for d in DIRECTIONS for m in MEMORY]
     fig, ax = plt.subplots(figsize=(max(6, 1.5 * len(done)), 3.5))
@@ -84,18 +81,7 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
     ax.set_ylabel("GB/s (median)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = Path(out_dir) / "gpu.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [P.save(fig, Path(out_dir) / "gpu.png", dpi=110)]
 
 
-def _render(doc: document.Document, out) -> None:
-    render(doc.to_json(), out)
-    T.footer(doc, out)
-
-
-# the document stays a plain dict (its body is read with .get); the producer writes its metrics
-KIND = Kind(name="probe.gpu", document=document.Document, render=_render,
-            csv=lambda doc: csv_files(doc.to_json()), plots=lambda doc, out_dir: plots(doc.to_json(), out_dir),
-            files=FILES)
+KIND = Kind.plain("probe.gpu", render, csv_files, plots, FILES)

@@ -12,8 +12,6 @@ import csv
 import io
 from pathlib import Path
 
-from tilewise.results import document
-from tilewise.results import tables as T
 from tilewise.results.document import metric
 from tilewise.results.kinds import Kind
 
@@ -100,11 +98,9 @@ def tensor_plots(doc: dict, out_dir: Path) -> list[Path]:
     rows = [r for r in doc.get("summary", {}).get("rows", []) if r.get("median_s") is not None]
     if not rows:
         return []
-    import matplotlib
+    from tilewise.results import plots as P
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = P.pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     names = [r["name"] for r in rows]
     ax.bar(names, [r["median_s"] for r in rows], color=["#4c72b0" if r.get("checked") else "#c44e52" for r in rows])
@@ -112,18 +108,7 @@ def tensor_plots(doc: dict, out_dir: Path) -> list[Path]:
     ax.set_ylabel("median time (s, log)")
     ax.set_title(f"{doc['workload']} on {doc.get('device')}: tensor program vs baselines")
     fig.tight_layout()
-    path = Path(out_dir) / "tensor.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [P.save(fig, Path(out_dir) / "tensor.png", dpi=110)]
 
 
-def _render(doc: document.Document, out) -> None:
-    render(doc.to_json(), out)
-    T.footer(doc, out)
-
-
-# the document stays a plain dict (its body is read with .get); the producer writes its metrics
-KIND = Kind(name="workload.tensor", document=document.Document, render=_render,
-            csv=lambda doc: tensor_csv(doc.to_json()), plots=lambda doc, out_dir: tensor_plots(doc.to_json(), out_dir),
-            files=FILES)
+KIND = Kind.plain("workload.tensor", render, tensor_csv, tensor_plots, FILES)
