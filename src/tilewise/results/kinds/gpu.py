@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tilewise.results.document import metric
 from tilewise.results.kinds import Kind
+from tilewise.results.tables import csv_text
 
 DIRECTIONS = ("h2d", "d2h")  # as tilewise.probes.gpu writes them: "<direction>_<memory>"
 MEMORY = ("pinned", "pageable")
@@ -50,17 +51,11 @@ def render(doc: dict, out) -> None:
 
 
 def csv_files(doc: dict) -> dict[str, str]:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["gpu", "uuid", "gpu_node", "node", "local", "copy", "median_gbs", "best_gbs", "reps_gbs"])
-    for c in doc.get("cases", []):
-        for key, v in (c.get("gbs") or {}).items():
-            w.writerow([c["gpu"], c.get("uuid"), c.get("gpu_node"), c["node"], c["local"], key, v["median"], v["best"],
-                        " ".join(f"{x:.3f}" for x in v["reps"])])
-    return {"gpu.csv": buf.getvalue()}
+    rows = [[c["gpu"], c.get("uuid"), c.get("gpu_node"), c["node"], c["local"], key, v["median"], v["best"],
+             " ".join(f"{x:.3f}" for x in v["reps"])]
+            for c in doc.get("cases", []) for key, v in (c.get("gbs") or {}).items()]
+    return {"gpu.csv": csv_text(["gpu", "uuid", "gpu_node", "node", "local", "copy", "median_gbs", "best_gbs",
+                                 "reps_gbs"], rows)}
 
 
 def plots(doc: dict, out_dir: Path) -> list[Path]:

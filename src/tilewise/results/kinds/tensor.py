@@ -8,12 +8,11 @@ figure beside it. The metrics (one per variant, its timed runs) are written by t
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 from tilewise.results.document import metric
 from tilewise.results.kinds import Kind
+from tilewise.results.tables import csv_text
 
 FILES = ("tensor.csv", "tensor.png")
 
@@ -80,18 +79,17 @@ def render(doc: dict, out) -> None:
 
 
 def tensor_csv(doc: dict) -> dict[str, str]:
-    buf = io.StringIO()
-    wr = csv.writer(buf)
-    wr.writerow(["workload", "variant", "engine", "device", "median_s", "ratio_to_eager", "ratio_to_eager_with_transfer",
-                 "checked", "times_s", "compile_s", "transfer_s", "thesis"])
     by = {v["name"]: v for v in doc.get("variants", [])}
+    rows = []
     for row in doc.get("summary", {}).get("rows", []):
         v = by.get(row["name"], {})
-        wr.writerow([doc["workload"], row["name"], row.get("engine"), row.get("device"), row.get("median_s"),
+        rows.append([doc["workload"], row["name"], row.get("engine"), row.get("device"), row.get("median_s"),
                      row.get("ratio_to_eager"), row.get("ratio_to_eager_with_transfer"), row.get("checked"),
                      " ".join(f"{x:.6f}" for x in v.get("times_s", [])), v.get("compile_s"), v.get("transfer_s"),
                      _thesis(row)])
-    return {"tensor.csv": buf.getvalue()}
+    return {"tensor.csv": csv_text(["workload", "variant", "engine", "device", "median_s", "ratio_to_eager",
+                                    "ratio_to_eager_with_transfer", "checked", "times_s", "compile_s", "transfer_s",
+                                    "thesis"], rows)}
 
 
 def tensor_plots(doc: dict, out_dir: Path) -> list[Path]:
