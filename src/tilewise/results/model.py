@@ -36,7 +36,8 @@ from tilewise.errors import UsageError
 
 FORMAT = "tilewise-results"
 VERSION = 2
-KINDS = ("tpch", "elastic", "probe.latency", "probe.bandwidth", "probe.stream", "workload", "tune", "overhead")
+KINDS = ("tpch", "elastic", "probe.latency", "probe.bandwidth", "probe.stream", "workload", "tune", "overhead",
+         "probe.memory")
 RESERVED = ("format", "version", "kind", "meta", "interrupted", "complete", "environment", "params", "metrics",
             "warnings")
 
@@ -183,10 +184,16 @@ def _overhead_metrics(doc: dict) -> list[dict]:
     return out
 
 
+def _memory_metrics(doc: dict) -> list[dict]:
+    from tilewise.results import probe_memory
+
+    return probe_memory.metrics(doc)
+
+
 EXTRACTORS: dict[str, Callable[[dict], list[dict]]] = {
     "tpch": _tpch_metrics, "elastic": _elastic_metrics, "probe.latency": _pair_metrics,
     "probe.bandwidth": _pair_metrics, "probe.stream": _stream_metrics, "workload": _workload_metrics,
-    "tune": _tune_metrics, "overhead": _overhead_metrics,
+    "tune": _tune_metrics, "overhead": _overhead_metrics, "probe.memory": _memory_metrics,
 }
 
 

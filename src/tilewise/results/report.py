@@ -657,16 +657,18 @@ def _num(x) -> str:
 
 # ---- dispatch ---------------------------------------------------------------------------------
 
-RENDER = {"tpch": render_tpch, "elastic": render_elastic, "probe.latency": render_pairs,
+from tilewise.results import probe_memory  # noqa: E402  (the kind's module owns its tables, CSV and plots)
+
+RENDER = {"probe.memory": probe_memory.render, "tpch": render_tpch, "elastic": render_elastic, "probe.latency": render_pairs,
           "probe.bandwidth": render_pairs, "probe.stream": render_stream, "workload": render_workload,
           "tune": render_tune, "overhead": render_overhead}
-CSV = {"tpch": tpch_csv, "elastic": elastic_csv, "probe.latency": pairs_csv, "probe.bandwidth": pairs_csv,
+CSV = {"probe.memory": probe_memory.csv_files, "tpch": tpch_csv, "elastic": elastic_csv, "probe.latency": pairs_csv, "probe.bandwidth": pairs_csv,
        "probe.stream": stream_csv, "tune": tune_csv}
-PLOTS = {"tpch": tpch_plots, "elastic": elastic_plots, "probe.latency": pairs_plots, "probe.bandwidth": pairs_plots,
+PLOTS = {"probe.memory": probe_memory.plots, "tpch": tpch_plots, "elastic": elastic_plots, "probe.latency": pairs_plots, "probe.bandwidth": pairs_plots,
          "probe.stream": stream_plots, "tune": tune_plots}
 # every file a kind may write: one that the current document does not produce is removed, so an
 # interrupted run never leaves an older run's table or plot beside its own results
-OWNED = {"tpch": ("results.csv", "tpch_metrics.csv", "speedup_per_query.png", "geomean_speedup.png", "tpch_metrics.png"),
+OWNED = {"probe.memory": probe_memory.FILES, "tpch": ("results.csv", "tpch_metrics.csv", "speedup_per_query.png", "geomean_speedup.png", "tpch_metrics.png"),
          "elastic": ("results.csv", "elastic.png"), "probe.stream": ("stream.csv", "stream.png"),
          "tune": ("results.csv", "fig6.png")}
 
