@@ -247,7 +247,7 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    long target = -1, size = 0, reps = 5, seed = 1;
+    long target = -1, size = 0, reps = 5, seed = 1, misplace = -1;
     double min_ms = 100;
     bool huge = true;
     std::vector<std::string> tests(std::begin(kTests), std::end(kTests));
@@ -262,6 +262,7 @@ int main(int argc, char** argv) {
         else if (f == "--size") size = parse_long(val("--size"), "--size");
         else if (f == "--reps") reps = parse_long(val("--reps"), "--reps");
         else if (f == "--seed") seed = parse_long(val("--seed"), "--seed");
+        else if (f == "--misplace") misplace = parse_long(val("--misplace"), "--misplace");
         else if (f == "--min-ms") {
             char* end = nullptr;
             const char* v = val("--min-ms");
@@ -277,7 +278,8 @@ int main(int argc, char** argv) {
             for (auto& t : split(val("--threads"))) threads.push_back(parse_long(t.c_str(), "--threads"));
         } else if (f == "-h" || f == "--help") {
             std::printf("usage: tw_memory --target NODE --size BYTES [--threads 1,2,...] [--tests %s]\n"
-                        "                 [--reps N] [--min-ms MS] [--hugepages 0|1] [--seed N]\n",
+                        "                 [--reps N] [--min-ms MS] [--hugepages 0|1] [--seed N]\n"
+                        "                 [--misplace NODE: test hook, binds the buffer to NODE instead]\n",
                         "latency,read_seq,read_rand,write,write_nt");
             return 0;
         } else die("unknown argument " + f);
@@ -292,6 +294,9 @@ int main(int argc, char** argv) {
             die("--threads " + std::to_string(t) + ": this process may use " + std::to_string(cpus.size()) + " CPUs");
     if (numa_available() < 0) not_measured("this kernel has no NUMA support (numa_available failed)");
     if (target > numa_max_node()) not_measured("node " + std::to_string(target) + " does not exist here");
+    // test hook: bind the buffer to another node than the target, so the page check must refuse the cell
+    const long bind_node = misplace >= 0 ? misplace : target;
+    if (bind_node > numa_max_node()) die("--misplace " + std::to_string(bind_node) + ": no such node");
 
     const size_t page = size_t(sysconf(_SC_PAGESIZE));
     const size_t huge_page = 2u << 20;
@@ -304,8 +309,8 @@ int main(int argc, char** argv) {
     if (huge && madvise(buf, bytes, MADV_HUGEPAGE) != 0) huge = false;
     if (!huge) madvise(buf, bytes, MADV_NOHUGEPAGE);
     {
-        std::vector<unsigned long> mask(size_t(target) / (8 * sizeof(unsigned long)) + 1, 0);
-        mask[size_t(target) / (8 * sizeof(unsigned long))] |= 1ul << (size_t(target) % (8 * sizeof(unsigned long)));
+        std::vector<unsigned long> mask(size_t(bind_node) / (8 * sizeof(unsigned long)) + 1, 0);
+        mask[size_t(bind_node) / (8 * sizeof(unsigned long))] |= 1ul << (size_t(bind_node) % (8 * sizeof(unsigned long)));
         if (mbind(buf, bytes, MPOL_BIND, mask.data(), mask.size() * 8 * sizeof(unsigned long) + 1, MPOL_MF_STRICT) != 0)
             not_measured("mbind(MPOL_BIND) to node " + std::to_string(target) + " failed: " + std::strerror(errno));
     }

@@ -237,7 +237,8 @@ def integer_weights(bandwidth: Mapping[int, float], *, tolerance: float = WEIGHT
             best = (err, w)
         if err <= tolerance:
             break
-    assert best is not None
+    if best is None:  # even scale 1 passes the kernel's largest weight: cap it there
+        best = (0.0, {n: max(1, min(max_weight, round(r))) for n, r in ratio.items()})
     g = math.gcd(*best[1].values())
     return {n: v // g for n, v in sorted(best[1].items())}
 

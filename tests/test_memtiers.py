@@ -1,0 +1,199 @@
+"""Memory tiers: the firmware figures and kernel tiers as sysfs shows them (topology.firmware), and the
+decisions made from them (topology.tiers): nearest initiators, each node's tier, interleave weights.
+Fixtures: 2x EPYC 9654 with two CXL expanders, 2x Xeon Max 9480 SNC4 with CPU-less HBM nodes, and a
+machine whose firmware disagrees with its SLIT and whose figures are read/write asymmetric."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures import hmat as H
+from tilewise.errors import UsageError
+from tilewise.topology import firmware, sysfs, tiers
+
+
+MACHINES = ("epyc9654x2_cxl2", "xeonmax9480x2_snc4", "asymmetric_reversed")
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    """Each machine's sysfs tree, written once for the module (hundreds of CPUs: seconds each)."""
+    made: dict = {}
+
+    def get(name: str):
+        if name not in made:
+            spec = getattr(H, name)()
+            root = H.write(spec, tmp_path_factory.mktemp(name))
+            made[name] = (spec, sysfs.load(root / "devices" / "system"), firmware.read(root), root)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(params=MACHINES)
+def machine(request, trees):
+    spec, t, fw, _ = trees(request.param)
+    return request.param, spec, t, fw
+
+
+@pytest.fixture
+def load(trees):
+    return lambda name, _tmp=None: trees(name)[:3]
+
+
+# ---- reading sysfs ---------------------------------------------------------------------------------
+
+def test_firmware_reads_every_figure_as_written(machine):
+    name, spec, t, fw = machine
+    got = {(a.target, a.access): a for a in fw.accesses}
+    want = {(tg, acc): v for tg, classes in spec.hmat.items() for acc, v in classes.items()}
+    assert set(got) == set(want)
+    for key, (inits, rl, wl, rb, wb) in want.items():
+        a = got[key]
+        assert (a.initiators, a.read_latency, a.write_latency, a.read_bandwidth, a.write_bandwidth) == (inits, rl, wl, rb, wb)
+    assert fw.has_hmat and fw.tiers_supported
+    assert {x.id: x.nodes for x in fw.tiers} == spec.tiers
+    assert fw.weights_supported == (spec.weights is not None) and fw.weights == (spec.weights or {})
+    assert [n.id for n in t.numa_nodes if n.cpuless] == list(spec.machine.cpuless_nodes)
+
+
+def test_firmware_figure_only_for_the_kept_initiators(load):
+    _, _, fw = load("epyc9654x2_cxl2")
+    assert fw.figure(0, 2, "read_bandwidth") == 64000
+    assert fw.figure(1, 2, "read_bandwidth") is None  # the kernel keeps node 2's best initiator only
+    assert fw.tier_of(2) == 5 and fw.tier_of(0) == 4
+    assert firmware.MemoryTier(5, (2, 3)).adistance == (640, 767)
+
+
+def test_a_zero_figure_is_no_figure_and_garbage_is_an_error(tmp_path):
+    spec = H.asymmetric_reversed()
+    root = H.write(spec, tmp_path)
+    f = root / "devices/system/node/node2/access1/initiators/write_bandwidth"
+    f.write_text("0\n")
+    assert firmware.read(root).access(2).write_bandwidth is None
+    f.write_text("fast\n")
+    with pytest.raises(UsageError, match="is not a number"):
+        firmware.read(root)
+
+
+def test_a_kernel_without_hmat_tiers_or_weights(tmp_path):
+    fw = firmware.read(tmp_path)  # nothing there at all
+    assert not fw.has_hmat and not fw.tiers_supported and not fw.weights_supported
+    assert fw.to_json()["hmat"] == []
+
+
+# ---- nearest initiators and tiers -------------------------------------------------------------------
+
+def test_cxl_nodes_are_far_and_nearest_their_own_socket_by_firmware(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    by = {x.node: x for x in tiers.classify(t, firmware=fw)}
+    assert by[0].tier == by[1].tier == "near"
+    for node, socket, bw in ((2, 0, 64000 / 460000), (3, 1, 32000 / 460000)):
+        x = by[node]
+        assert x.tier == "far" and x.basis == tiers.SRC_HMAT
+        assert x.nearest.initiators == (socket,) and x.nearest.source == tiers.SRC_HMAT
+        assert x.bandwidth_ratio == pytest.approx(bw)
+        assert x.kernel_tier == 5 and "the kernel puts it in tier 5" in x.reason
+    assert tiers.far_nodes(t, 0, firmware=fw) == [2] and tiers.far_nodes(t, 1, firmware=fw) == [3]
+
+
+def test_hbm_nodes_are_fast_and_beside_their_cluster(load):
+    _, t, fw = load("xeonmax9480x2_snc4")
+    by = {x.node: x for x in tiers.classify(t, firmware=fw)}
+    for k in range(8):
+        assert by[k].tier == "near"
+        hbm = by[8 + k]
+        assert hbm.tier == "fast" and hbm.nearest.initiators == (k,), hbm
+        assert hbm.bandwidth_ratio == pytest.approx(200000 / 60000) and hbm.latency_ratio == pytest.approx(130 / 110)
+        assert hbm.kernel_tier == 4 and "kernel puts" not in hbm.reason  # one tier: nothing to compare
+    assert tiers.far_nodes(t, 0, firmware=fw) == []  # HBM is not a far tier
+
+
+def test_without_figures_slit_decides_and_says_so(load):
+    _, t, _ = load("xeonmax9480x2_snc4")
+    by = {x.node: x for x in tiers.classify(t)}
+    hbm = by[9]
+    assert hbm.nearest.source == tiers.SRC_SLIT and hbm.nearest.initiators == (1,) and hbm.nearest.value == 13
+    assert hbm.tier == "far" and hbm.basis == tiers.SRC_SLIT and "technology unknown" in hbm.reason
+
+
+def test_firmware_over_slit_where_they_disagree(load):
+    _, t, fw = load("asymmetric_reversed")
+    slit = tiers.nearest_initiators(t, 2)
+    assert slit.initiators == (0,) and slit.source == tiers.SRC_SLIT
+    by_fw = tiers.nearest_initiators(t, 2, firmware=fw)
+    # access1 (CPU initiators) names node 1; access0's node 2 is not a CPU node and is skipped
+    assert by_fw.initiators == (1,) and by_fw.source == tiers.SRC_HMAT and by_fw.value == 240
+    x = {n.node: n for n in tiers.classify(t, firmware=fw)}[2]
+    assert x.tier == "far" and x.latency_ratio == pytest.approx(240 / 90) and x.bandwidth_ratio == pytest.approx(0.25)
+
+
+def measured(lat: dict, bw: dict, trusted: bool = True) -> dict:
+    keys = set(lat) | set(bw)
+    return {k: {"latency_ns": lat.get(k), "read_bw_gbs": bw.get(k), "trusted": trusted,
+                "why_untrusted": None if trusted else "QEMU TCG (emulated CPU)"} for k in keys}
+
+
+def test_measured_latency_wins_over_firmware_and_ties_share(load):
+    _, t, fw = load("asymmetric_reversed")
+    m = measured({(0, 2): 300.0, (1, 2): 303.0, (0, 0): 100.0, (1, 1): 100.0}, {(0, 2): 20.0, (0, 0): 50.0})
+    near = tiers.nearest_initiators(t, 2, measured=m, firmware=fw)
+    assert near.source == tiers.SRC_MEASURED and near.initiators == (0, 1)  # within 2 %
+    x = {n.node: n for n in tiers.classify(t, measured=m, firmware=fw)}[2]
+    assert x.basis == tiers.SRC_MEASURED and x.latency_ratio == pytest.approx(3.0) and x.bandwidth_ratio == pytest.approx(0.4)
+
+
+def test_untrusted_measurements_are_skipped_with_the_reason(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    m = measured({(1, 2): 1.0, (0, 2): 9.0}, {(1, 2): 99.0}, trusted=False)
+    near = tiers.nearest_initiators(t, 2, measured=m, firmware=fw)
+    assert near.source == tiers.SRC_HMAT and near.initiators == (0,)
+    assert "measured figures not used: QEMU TCG" in near.reason
+
+
+# ---- weights ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bw, want", [
+    ({0: 20000, 2: 8000}, {0: 5, 2: 2}),
+    ({0: 100, 2: 100}, {0: 1, 2: 1}),
+    ({0: 460000, 2: 64000}, {0: 7, 2: 1}),
+    ({0: 460000, 3: 32000}, {0: 14, 3: 1}),
+    ({0: 30.0, 1: 20.0, 2: 10.0}, {0: 3, 1: 2, 2: 1}),
+    ({0: 1000.0, 2: 1.0}, {0: 255, 2: 1}),  # capped at the kernel's 255
+])
+def test_integer_weights(bw, want):
+    assert tiers.integer_weights(bw) == want
+
+
+@pytest.mark.parametrize("bw", [{0: 0, 2: 1}, {0: -5, 2: 1}, {0: float("nan"), 2: 1}, {}])
+def test_integer_weights_refuse_what_cannot_weight(bw):
+    with pytest.raises(UsageError):
+        tiers.integer_weights(bw)
+
+
+def test_auto_weights_measured_then_firmware_then_an_error(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    m = measured({}, {(0, 0): 40.0, (0, 2): 10.0})
+    w = tiers.auto_weights(t, 0, [0, 2], measured=m, firmware=fw)
+    assert (w.weights, w.source, w.text()) == ({0: 4, 2: 1}, tiers.SRC_MEASURED, "4:1")
+    tcg = measured({}, {(0, 0): 40.0, (0, 2): 10.0}, trusted=False)
+    w = tiers.auto_weights(t, 0, [0, 2], measured=tcg, firmware=fw)
+    assert w.source == tiers.SRC_HMAT and w.weights == {0: 7, 2: 1} and "QEMU TCG" in w.reason
+    with pytest.raises(UsageError, match="firmware gives none to node\\(s\\) 3") as e:
+        tiers.auto_weights(t, 0, [0, 3], firmware=fw)  # node 3's figures are from node 1 only
+    assert "--weights" in str(e.value)
+    with pytest.raises(UsageError, match="at least two nodes"):
+        tiers.auto_weights(t, 0, [2], firmware=fw)
+
+
+@pytest.mark.parametrize("text, msg", [("3:0", "out of range"), ("3:-1", "out of range"), ("3", "1 weight\\(s\\) for 2"),
+                                       ("3:1:1", "3 weight\\(s\\) for 2"), ("3:x", "not a whole number"),
+                                       ("256:1", "out of range")])
+def test_parse_weights_refuses(text, msg):
+    with pytest.raises(UsageError, match=msg):
+        tiers.parse_weights(text, [0, 2])
+
+
+def test_parse_weights():
+    assert tiers.parse_weights("3:1", [0, 2]) == {0: 3, 2: 1}
+    assert tiers.parse_weights(" 255 : 1 ", [1, 3]) == {1: 255, 3: 1}
