@@ -196,6 +196,13 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
              and c["kernels"]["copy"]["best_gbs"] / c["kernels"]["copy"]["median_gbs"] > UNSTABLE]
     doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "
                        "a quiet machine, with more --ntimes or --runs"] if noisy else []
+    _show(doc, out, as_json)
+
+
+def _show(doc, out, as_json) -> None:
+    """Write the document with its plots, then print it (JSON or the kind's tables) and what was written."""
+    from tilewise.results import report
+
     out.write(doc, plots=True)
     doc["written"] = out.written
     if as_json:
@@ -253,7 +260,6 @@ def memory_cmd(topology_src, initiators, cpus_text, targets, threads, size_text,
                smt, compare, as_json, out_dir):
     """Every CPU-to-memory path: latency and read/write bandwidth, initiator x target node (thesis 004, ch. 4)."""
     from tilewise.probes import memory
-    from tilewise.results import report
     from tilewise.results.output import Writer
 
     size = parse_size(size_text, "--size", minimum=memory.MIN_SIZE) if size_text else None
@@ -263,11 +269,4 @@ def memory_cmd(topology_src, initiators, cpus_text, targets, threads, size_text,
     out = Writer(out_dir, name="memory.json", plots=False) if out_dir else Writer(None)
     with _progress(1, "memory") as prog:
         doc = memory.run(cfg, _MemoryReporter(prog), writer=out.write)
-    out.write(doc, plots=True)
-    doc["written"] = out.written
-    if as_json:
-        emit_json(doc)
-        return
-    report.render(doc, console(wide=True))
-    for w in doc["written"]:
-        console().print(f"wrote {w}", markup=False)
+    _show(doc, out, as_json)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from tilewise import cpulist, native
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.probes.stream import likwid_gbs, reference_tool
 from tilewise.topology.model import Topology
 
 TESTS = ("latency", "read_seq", "read_rand", "write", "write_nt")
@@ -376,64 +377,37 @@ def likwid_run(kernel: str, ini: Initiator, threads: int, target: int, size: int
     """likwid-bench `kernel` with `threads` threads in the initiator's memory domain (M<node>; N, the
     whole machine, for a CPU set), its stream placed on memory domain M<target>: GB/s. likwid picks
     the domain's first hardware threads itself, which are the initiator's CPUs when it is a whole node."""
-    from tilewise import launch
-
     exe = shutil.which("likwid-bench")
     if not exe:
         return {"error": "likwid-bench not found (Debian package likwid)"}
-    kb = max(1, size // 1000)
     domain = f"M{ini.node}" if ini.node is not None else "N"
-    cmd = [exe, "-t", kernel, "-w", f"{domain}:{kb}kB:{threads}-0:M{target}"]
-    try:
-        cp = launch.run(cmd, launch.Binding(None), timeout=timeout_s, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, text=True)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s", "command": " ".join(cmd)}
-    for line in cp.stdout.splitlines():
-        if line.startswith("MByte/s:"):
-            return {"gbs": float(line.split()[1]) / 1000.0, "command": " ".join(cmd)}
-    msg = (cp.stderr.strip() or cp.stdout.strip() or f"exit status {cp.returncode}").splitlines()
-    return {"error": msg[-1] if msg else f"exit status {cp.returncode}", "command": " ".join(cmd)}
+    cmd = [exe, "-t", kernel, "-w", f"{domain}:{max(1, size // 1000)}kB:{threads}-0:M{target}"]
+    return reference_tool(cmd, timeout_s, likwid_gbs)
 
 
 def reference_chase(cpu: int, target: int, size: int, hugepages: bool, timeout_s: float = 300) -> dict:
     """tw_chase_ref on one CPU with its memory placed by numactl --membind (an independent placement
     and chase): ns per load."""
-    from tilewise import launch
-
     numactl = shutil.which("numactl")
     if not numactl:
         return {"error": "numactl not found (Debian package numactl)"}
     cmd = [numactl, f"--membind={target}", f"--physcpubind={cpu}", native.binary("tw_chase_ref"), "--size", str(size),
            "--loads", "5000000", "--reps", "5", "--hugepages", "1" if hugepages else "0"]
-    try:
-        cp = launch.run(cmd, launch.Binding(None), timeout=timeout_s, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        text=True)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s", "command": " ".join(cmd)}
-    m = re.search(r"ns_per_load ([\d.]+)", cp.stdout)
-    if cp.returncode != 0 or not m:
-        err = (cp.stderr.strip() or f"exit status {cp.returncode}").splitlines()
-        return {"error": err[-1], "command": " ".join(cmd)}
-    return {"ns": float(m.group(1)), "command": " ".join(cmd)}
+    return reference_tool(cmd, timeout_s, lambda out: _ns(r"ns_per_load ([\d.]+)", out))
 
 
 def mlc_run(initiator_cpu: int, target: int, timeout_s: float = 300) -> dict | None:
     """Intel MLC's idle latency from one CPU to a node, where mlc is installed (None otherwise)."""
-    from tilewise import launch
-
     exe = shutil.which("mlc")
     if not exe:
         return None
     cmd = [exe, "--idle_latency", f"-c{initiator_cpu}", f"-j{target}"]
-    try:
-        cp = launch.run(cmd, launch.Binding(None), timeout=timeout_s, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        text=True)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout_s:.0f} s", "command": " ".join(cmd)}
-    m = re.search(r"\(\s*([\d.]+)\s*ns\)", cp.stdout)
-    return {"ns": float(m.group(1)), "command": " ".join(cmd)} if m else {
-        "error": (cp.stderr.strip() or cp.stdout.strip() or "no figure").splitlines()[-1], "command": " ".join(cmd)}
+    return reference_tool(cmd, timeout_s, lambda out: _ns(r"\(\s*([\d.]+)\s*ns\)", out))
+
+
+def _ns(pattern: str, text: str) -> dict | None:
+    m = re.search(pattern, text)
+    return {"ns": float(m.group(1))} if m else None
 
 
 def references(cells: Sequence[dict], initiators: Sequence[Initiator], size: int, hugepages: bool) -> list[dict]:
