@@ -197,3 +197,31 @@ def test_parse_weights_refuses(text, msg):
 def test_parse_weights():
     assert tiers.parse_weights("3:1", [0, 2]) == {0: 3, 2: 1}
     assert tiers.parse_weights(" 255 : 1 ", [1, 3]) == {1: 255, 3: 1}
+
+
+# ---- far memory per instance --------------------------------------------------------------------------
+
+def test_each_socket_instance_gets_its_own_cxl_node(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    got, notes = tiers.assign_far(t, {0: (0,), 1: (1,)}, firmware=fw)
+    assert [(a.instance, a.near, a.far) for a in got] == [(0, (0,), (2,)), (1, (1,), (3,))]
+    assert "this instance's alone" in got[0].reason and tiers.SRC_HMAT in got[0].reason and not notes
+
+
+def test_instances_on_one_node_share_its_far_node(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    got, _ = tiers.assign_far(t, {0: (0,), 1: (0,), 2: (1,)}, firmware=fw)
+    assert [a.far for a in got] == [(2,), (2,), (3,)]
+    assert "shared with instance(s) 1" in got[0].reason and "shared with instance(s) 0" in got[1].reason
+
+
+def test_far_node_without_a_near_instance_is_said(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    got, notes = tiers.assign_far(t, {0: (0,)}, firmware=fw)
+    assert got[0].far == (2,) and len(notes) == 1 and "far node 3" in notes[0]
+
+
+def test_hbm_is_no_far_tier(load):
+    _, t, fw = load("xeonmax9480x2_snc4")
+    got, notes = tiers.assign_far(t, {k: (k,) for k in range(8)}, firmware=fw)
+    assert all(a.far == () and "no far-tier memory" in a.reason for a in got) and not notes

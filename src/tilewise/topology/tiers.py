@@ -288,3 +288,50 @@ def parse_weights(text: str, nodes: Sequence[int]) -> dict[int, int]:
                              f"weights are 1..{MAX_WEIGHT} (0 or less would never place a page there)")
         out[n] = v
     return out
+
+
+# ---- far memory of a plan's instances -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FarAssignment:
+    """Which far-tier nodes an instance may spill to (near-then-far, weighted interleave), and why."""
+
+    instance: int
+    near: tuple[int, ...]  # the instance's own nodes (its CPUs' local memory)
+    far: tuple[int, ...]
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"instance": self.instance, "near": list(self.near), "far": list(self.far), "reason": self.reason}
+
+
+def assign_far(t: Topology, instances: Mapping[int, Sequence[int]], *, measured: Measured | None = None,
+               firmware: Firmware | None = None) -> tuple[list[FarAssignment], list[str]]:
+    """Every instance's far tier: each far node goes to the instances on its nearest initiator node(s)
+    (nearest by measured latency, else firmware, else SLIT), shared when several instances run there.
+    `instances` maps an instance id to the nodes holding its CPUs. Returns the assignments (one per
+    instance, in id order) and notes (far nodes no instance is near to)."""
+    classes = classify(t, measured=measured, firmware=firmware)
+    far = [c for c in classes if c.tier == "far" and c.nearest is not None]
+    users: dict[int, list[int]] = {f.node: [i for i, nodes in instances.items() if set(nodes) & set(f.nearest.initiators)]
+                                   for f in far}
+    notes = [f"far node {f.node} is nearest to node(s) {cpulist.format(f.nearest.initiators)} ({f.nearest.source}), "
+             "where no instance runs: no instance spills to it" for f in far if not users[f.node]]
+    out = []
+    for iid in sorted(instances):
+        near = tuple(sorted(instances[iid]))
+        mine = [f for f in far if iid in users[f.node]]
+        if not far:
+            why = "the machine has no far-tier memory (no CPU-less node slower than local memory)"
+        elif not mine:
+            why = f"no far-tier node is nearest to node(s) {cpulist.format(near)}"
+        else:
+            parts = []
+            for f in mine:
+                others = [i for i in users[f.node] if i != iid]
+                share = f"shared with instance(s) {', '.join(map(str, others))}" if others else "this instance's alone"
+                parts.append(f"node {f.node} (nearest to node(s) {cpulist.format(f.nearest.initiators)} by "
+                             f"{f.nearest.source}; {share})")
+            why = "far tier: " + "; ".join(parts)
+        out.append(FarAssignment(iid, near, tuple(f.node for f in mine), why))
+    return out, notes
