@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilewise import cpulist
+from tilewise import cpulist, dirs
 
 QEMU = "qemu-system-x86_64"
 EXIT_MARK = "TILEWISE-VM-EXIT"
@@ -227,7 +227,7 @@ def qemu_topology_args(t: GuestTopology) -> list[str]:
 # ---- host prerequisites -------------------------------------------------------------------------
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tilewise" / "vm")
+    d = dirs.cache_dir("vm", override=CACHE_ENV)
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import benchmarks, cpulist, launch, topology
+from tilewise import benchmarks, cpulist, topology
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
+from tilewise.binding import ensure_runnable
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model as M
@@ -203,7 +204,7 @@ def check_config(cfg: Config):
     plans = make_plans(cfg, topo)
     live_fp = topology.load(None).fingerprint() if cfg.topology_src else None
     for _, p in plans:
-        launch.ensure_runnable(p, live_fp)
+        ensure_runnable(p, live_fp)
     return engine_cls, topo, plans
 
 

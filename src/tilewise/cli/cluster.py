@@ -12,7 +12,8 @@ import time
 
 import click
 
-from tilewise import allocators, cpulist, launch, topology
+from tilewise import allocators, cpulist, topology
+from tilewise.binding import ensure_runnable
 from tilewise.cli.common import INDEX, SECONDS, console, emit_json, json_option, topology_option
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import UsageError
@@ -109,7 +110,7 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
     cls.check_installed()
     t = topology.load(topology_src)
     p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
-    launch.ensure_runnable(p)
+    ensure_runnable(p)
     if per_mb:
         memory = {i.id: per_mb for i in p.instances}
     else:

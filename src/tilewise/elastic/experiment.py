@@ -56,7 +56,7 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
     d = None
     th = None
     with launch.Supervisor() as sup:
-        s = sup.start(f"duckdb-{config}-{workload}", argv, launch.Binding(None), verify_binding=False,
+        s = sup.start(f"duckdb-{config}-{workload}", argv, verify_binding=False,
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc = s.proc
         ready = _readline(proc, 900, "loading the data")

@@ -22,9 +22,14 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from tilewise import cpulist, native
+from tilewise import cpulist, launch, native
+from tilewise.binding import Binding
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.probes import matrix as pair_probes
 from tilewise.probes.stream import likwid_gbs, reference_tool
+from tilewise.results import model
+from tilewise.results.probe_memory import best
+from tilewise.topology import firmware as fw
 from tilewise.topology.model import Topology
 
 TESTS = ("latency", "read_seq", "read_rand", "write", "write_nt")
@@ -307,8 +312,6 @@ def emulation(cpuinfo: str | None, hypervisor: str | None) -> str | None:
 def measured_paths(doc: dict) -> dict[tuple[int, int], dict]:
     """The figures topology.tiers takes, per (initiator node, target node): idle latency and the
     best sequential read bandwidth; untrusted (with the reason) when measured under an emulator."""
-    from tilewise.results.probe_memory import best
-
     out: dict[tuple[int, int], dict] = {}
     nodes = {i["name"]: i.get("node") for i in doc.get("initiators", [])}
     why = doc.get("emulated")
@@ -336,8 +339,6 @@ def node_free_bytes(node: int, root: str = "/sys/devices/system/node") -> int | 
 def run_cell(ini: Initiator, target: int, size: int, threads: Sequence[int], tests: Sequence[str], reps: int,
              min_ms: float, hugepages: bool, *, timeout_s: float) -> dict:
     """One (initiator, target) cell: tw_memory bound to the initiator's CPUs."""
-    from tilewise import launch
-
     cell = {"initiator": ini.name, "target": target, "threads": list(threads), "size_bytes": size}
     free = node_free_bytes(target)
     if free is not None and size > FREE_SHARE * free:
@@ -346,7 +347,7 @@ def run_cell(ini: Initiator, target: int, size: int, threads: Sequence[int], tes
                                  f"would take more than {FREE_SHARE:.0%} of it (use a smaller --size)"}
     argv = tool_argv(native.binary("tw_memory"), target, size, threads, tests, reps, min_ms, hugepages)
     try:
-        cp = launch.run(argv, launch.Binding(tuple(ini.cpus)), timeout=timeout_s, stdout=subprocess.PIPE,
+        cp = launch.run(argv, Binding(tuple(ini.cpus)), timeout=timeout_s, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, text=True)
     except subprocess.TimeoutExpired:
         return cell | {"status": "failed", "reason": f"did not finish within {timeout_s:.0f} s (stopped)"}
@@ -448,10 +449,6 @@ def _mems_allowed(status_path: str = "/proc/self/status") -> list[int] | None:
 def run(cfg: Config, reporter: Reporter | None = None, *, writer: Callable[[dict], None] | None = None) -> dict:
     """Measure the matrix; returns the probe.memory results document (rewritten through `writer`
     after every cell, so an interruption loses nothing)."""
-    from tilewise.probes import matrix as pair_probes
-    from tilewise.results import model
-    from tilewise.topology import firmware as fw
-
     rep = reporter or Reporter()
     t = pair_probes.live_topology(cfg.topology_src)
     allowed = [c for c in os.sched_getaffinity(0) if t.allowed_cpus is None or c in t.allowed_cpus]

@@ -184,16 +184,10 @@ def _overhead_metrics(doc: dict) -> list[dict]:
     return out
 
 
-def _memory_metrics(doc: dict) -> list[dict]:
-    from tilewise.results import probe_memory
-
-    return probe_memory.metrics(doc)
-
-
 EXTRACTORS: dict[str, Callable[[dict], list[dict]]] = {
     "tpch": _tpch_metrics, "elastic": _elastic_metrics, "probe.latency": _pair_metrics,
     "probe.bandwidth": _pair_metrics, "probe.stream": _stream_metrics, "workload": _workload_metrics,
-    "tune": _tune_metrics, "overhead": _overhead_metrics, "probe.memory": _memory_metrics,
+    "tune": _tune_metrics, "overhead": _overhead_metrics,
 }
 
 

@@ -674,11 +674,14 @@ OWNED = {"probe.memory": probe_memory.FILES, "tpch": ("results.csv", "tpch_metri
 
 
 SUMMARY = {"tpch": tpch_summary}
+METRICS = {"probe.memory": probe_memory.metrics}  # kinds whose module derives their metrics
 
 
 def prepare(doc: dict) -> dict:
     """Before a document is written: its metrics (from the body) and its kind's summary."""
     model.with_metrics(doc)
+    if doc.get("kind") in METRICS:
+        doc["metrics"] = [m for m in METRICS[doc["kind"]](doc) if m["values"]]
     fn = SUMMARY.get(doc.get("kind"))
     if fn is not None:
         doc["summary"] = fn(doc)
