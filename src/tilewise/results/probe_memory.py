@@ -14,8 +14,11 @@ so the kind moves as one module. The body::
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
+from tilewise import cpulist
 from tilewise.results import model
 
 TESTS = ("latency", "read_seq", "read_rand", "write", "write_nt")
@@ -27,6 +30,31 @@ TITLES = {
     "write_nt": "write bandwidth, non-temporal stores",
 }
 FILES = ("memory.csv", *(f"memory_{t}.png" for t in TESTS))
+
+
+# ---- table and CSV helpers (report.py has the same; the kind cannot import it: report dispatches here) ----
+
+def _table(title: str | None = None):
+    from rich.table import Table
+
+    return Table(title=title, show_edge=False, pad_edge=False)
+
+
+def _csv(header: list, rows: list) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def _lines(out, prefix: str, lines) -> None:
+    for line in lines:
+        out.print(f"{prefix}{line}", markup=False, highlight=False)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
 
 
 def _unit(test: str) -> str:
@@ -75,11 +103,9 @@ def _fmt(v: float | None, test: str) -> str:
 
 
 def render(doc: dict, out) -> None:
-    from tilewise.results import report as R
-
     emulated = doc.get("emulated")
     out.print(f"[bold]memory matrix[/bold]: {len(doc.get('initiators', []))} initiator(s) x "
-              f"{len(doc.get('targets', []))} target node(s), {R.human_bytes(doc.get('size_bytes', 0))} per cell "
+              f"{len(doc.get('targets', []))} target node(s), {_mib(doc.get('size_bytes', 0))} per cell "
               f"({doc.get('size_rule', '')}); best median over thread counts"
               + (f"\n[bold]EMULATED[/bold]: {emulated}" if emulated else ""))
     for i in doc.get("initiators", []):
@@ -90,14 +116,14 @@ def render(doc: dict, out) -> None:
         inits, targets, vals = grid(doc, test)
         if all(v is None for row in vals for v in row):
             continue
-        t = R._table(f"{TITLES.get(test, test)} ({_unit(test)})" + (" [emulated]" if emulated else ""))
+        t = _table(f"{TITLES.get(test, test)} ({_unit(test)})" + (" [emulated]" if emulated else ""))
         t.add_column("initiator \\ target", justify="left")
         for tg in targets:
             t.add_column(f"node {tg}", justify="right")
         for name, row in zip(inits, vals):
             t.add_row(name, *(_fmt(v, test) for v in row))
         out.print(t)
-    scaling = R._table("by thread count (median of repetitions)")
+    scaling = _table("by thread count (median of repetitions)")
     counts = sorted({str(k) for c in doc.get("cells", []) for k in c.get("threads", [])}, key=int)
     for col in ("cell", "test"):
         scaling.add_column(col, justify="left")
@@ -116,7 +142,7 @@ def render(doc: dict, out) -> None:
             rows += 1
     if rows:
         out.print(scaling)
-    place = R._table("placement (every page's node, checked before and after measuring)")
+    place = _table("placement (every page's node, checked before and after measuring)")
     for col in ("cell", "status", "pages on target", "policy", "reason"):
         place.add_column(col, justify="left")
     for c in doc.get("cells", []):
@@ -125,24 +151,22 @@ def render(doc: dict, out) -> None:
         place.add_row(f"{c['initiator']} -> node {c['target']}", c.get("status", "?"), pages, p.get("policy", "-"),
                       c.get("reason") or "")
     out.print(place)
-    _render_firmware(doc, out, R)
-    _render_references(doc, out, R)
-    R._print_lines(out, "note: ", doc.get("notes") or [])
-    R._print_lines(out, "warning: ", doc.get("warnings") or [])
-    R.render_environment_warnings(doc, out)
+    _render_firmware(doc, out)
+    _render_references(doc, out)
+    _lines(out, "note: ", doc.get("notes") or [])
+    _lines(out, "warning: ", doc.get("warnings") or [])
+    _lines(out, "system: ", ((doc.get("environment") or {}).get("system_check") or {}).get("warnings") or [])
 
 
 def _cpus(cpus) -> str:
-    from tilewise import cpulist
-
     return cpulist.format(cpus)
 
 
-def _render_firmware(doc: dict, out, R) -> None:
+def _render_firmware(doc: dict, out) -> None:
     fw = doc.get("firmware") or {}
     rows = [a for a in fw.get("hmat", []) if a.get("access") == "access1"]
     if rows and any(a.get(f) for a in rows for f in ("read_latency", "read_bandwidth")):
-        t = R._table("firmware figures (ACPI HMAT, access1: best CPU initiators)")
+        t = _table("firmware figures (ACPI HMAT, access1: best CPU initiators)")
         for col in ("target", "initiators", "read ns", "write ns", "read MB/s", "write MB/s"):
             t.add_column(col, justify="right")
         for a in rows:
@@ -156,12 +180,12 @@ def _render_firmware(doc: dict, out, R) -> None:
                   markup=False)
 
 
-def _render_references(doc: dict, out, R) -> None:
+def _render_references(doc: dict, out) -> None:
     refs = doc.get("references") or []
     if not refs:
         return
     cells = {(c["initiator"], c["target"]): c for c in doc.get("cells", [])}
-    t = R._table("references (same initiator CPUs and target node)")
+    t = _table("references (same initiator CPUs and target node)")
     for col in ("cell", "figure", "tilewise", "reference", "tilewise/reference", "reference tool"):
         t.add_column(col, justify="left" if col in ("cell", "figure", "reference tool") else "right")
     for r in refs:
@@ -194,8 +218,6 @@ def _render_references(doc: dict, out, R) -> None:
 
 
 def csv_files(doc: dict) -> dict[str, str]:
-    from tilewise.results import report as R
-
     rows = []
     for c in doc.get("cells", []):
         p = (c.get("placement") or {}).get("before") or {}
@@ -214,7 +236,7 @@ def csv_files(doc: dict) -> dict[str, str]:
         return {}
     header = ["initiator", "target", "status", "pages", "pages_on_target", "policy", "test", "threads", "median",
               "best", "p10", "p90", "unit", "reason"]
-    return {"memory.csv": R._csv(header, rows)}
+    return {"memory.csv": _csv(header, rows)}
 
 
 def plots(doc: dict, out_dir: Path) -> list[Path]:
