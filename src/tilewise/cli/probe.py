@@ -8,6 +8,7 @@ import click
 from tilewise import cpulist
 from tilewise.cli.common import AT_LEAST_1, Number, console, emit_json, json_option, parse_size, topology_option
 from tilewise.errors import UsageError
+from tilewise.results.probe_memory import TESTS as MEMORY_TESTS
 
 cpus_option = click.option("--cpus", "cpus_text", metavar="LIST",
                            help="CPUs to measure, e.g. 0-7,64-71 (default: every CPU this process may use).")
@@ -244,7 +245,7 @@ class _MemoryReporter:
 @click.option("--threads", "threads", metavar="LIST", help="Thread counts per initiator (default: 1, 2, 4, ... and all its CPUs).")
 @click.option("--size", "size_text", default=None, metavar="SIZE",
               help="Buffer per cell, far larger than the L3 (default: 8x the machine's L3, at least 256MiB).")
-@click.option("--tests", "tests_text", default=",".join(("latency", "read_seq", "read_rand", "write", "write_nt")),
+@click.option("--tests", "tests_text", default=",".join(MEMORY_TESTS),
               show_default=True, help="Which figures to measure.")
 @click.option("--reps", type=Number(integer=True, min=2), default=5, show_default=True,
               help="Repetitions per figure (the first is a warm-up).")

@@ -28,19 +28,10 @@ from tilewise.errors import TilewiseError, UsageError
 from tilewise.probes import matrix as pair_probes
 from tilewise.probes.stream import likwid_gbs, reference_tool
 from tilewise.results import model
-from tilewise.results.probe_memory import best
+from tilewise.results.probe_memory import TESTS, best
 from tilewise.topology import firmware as fw
 from tilewise.topology.model import Topology
 
-TESTS = ("latency", "read_seq", "read_rand", "write", "write_nt")
-TEST_TITLES = {
-    "latency": "idle load latency (dependent loads, random lines)",
-    "read_seq": "read bandwidth, sequential",
-    "read_rand": "read bandwidth, random 64-byte lines",
-    "write": "write bandwidth (plain stores)",
-    "write_nt": "write bandwidth (non-temporal stores)",
-}
-UNIT = {t: ("ns" if t == "latency" else "GB/s") for t in TESTS}
 MIN_SIZE = 64 * 2**20  # the buffer of a cell, at least
 SIZE_PER_L3 = 8  # default buffer: 8x the machine's L3 ...
 DEFAULT_MIN_SIZE = 256 * 2**20  # ... and at least 256 MiB
