@@ -240,7 +240,7 @@ class _MemoryReporter:
 @topology_option
 @click.option("--initiators", "initiators", metavar="NODES",
               help="Initiator NUMA nodes (with CPUs), e.g. 0,1 (default: every node with CPUs this process may use).")
-@cpus_option
+@click.option("--cpus", "cpus_text", metavar="LIST", help="One initiator made of these CPUs instead, e.g. 0-7.")
 @click.option("--targets", metavar="NODES", help="Target memory nodes, CPU-less included (default: every node with memory).")
 @click.option("--threads", "threads", metavar="LIST", help="Thread counts per initiator (default: 1, 2, 4, ... and all its CPUs).")
 @click.option("--size", "size_text", default=None, metavar="SIZE",
