@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from fixtures import hmat as H
-from tilewise.errors import UsageError
+from tilewise.errors import TilewiseError, UsageError
 from tilewise.topology import firmware, sysfs, tiers
 
 
@@ -225,3 +225,119 @@ def test_hbm_is_no_far_tier(load):
     _, t, fw = load("xeonmax9480x2_snc4")
     got, notes = tiers.assign_far(t, {k: (k,) for k in range(8)}, firmware=fw)
     assert all(a.far == () and "no far-tier memory" in a.reason for a in got) and not notes
+
+
+# ---- placement by tier in the planner, and its edge (weights, kernels, read-back) ------------------------
+
+from tilewise import binding, changes, plan as plan_mod, verification  # noqa: E402
+
+
+def test_plan_near_then_far_gives_each_socket_its_cxl_node(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    p = plan_mod.plan(t, "win", mem="near-then-far", figures=plan_mod.MemoryFigures(firmware=fw))
+    got = [(i.numa_nodes, i.mem_policy, i.mem_nodes, i.far_nodes) for i in p.instances]
+    assert got == [((0,), "preferred-many", (0, 2), (2,)), ((1,), "preferred-many", (1, 3), (3,))]
+    assert all("MPOL_PREFERRED_MANY" in i.mem_reason and tiers.SRC_HMAT in i.mem_reason for i in p.instances)
+    again = plan_mod.Plan.from_json(p.to_json())
+    assert again.instances == p.instances
+
+
+def test_plan_near_is_membind_to_the_instances_nodes(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    p = plan_mod.plan(t, "wicp", mem="near", figures=plan_mod.MemoryFigures(firmware=fw))
+    assert all(i.mem_policy == "membind" and i.mem_nodes == i.numa_nodes for i in p.instances)
+    assert {i.far_nodes for i in p.instances} == {(2,), (3,)}  # known, not used by near
+
+
+def test_plan_weighted_interleave_auto_and_given(load):
+    _, t, fw = load("epyc9654x2_cxl2")
+    fig = plan_mod.MemoryFigures(firmware=fw)
+    p = plan_mod.plan(t, "win", mem="weighted-interleave", weights="auto", figures=fig)
+    assert [(i.mem_nodes, i.weights) for i in p.instances] == [((0, 2), {0: 7, 2: 1}), ((1, 3), {1: 14, 3: 1})]
+    assert "firmware's read bandwidth" in p.instances[0].mem_reason
+    p = plan_mod.plan(t, "win", mem="weighted-interleave", weights="3:1", figures=fig)
+    assert [i.weights for i in p.instances] == [{0: 3, 2: 1}, {1: 3, 3: 1}]
+    b = binding.Binding.from_instance(p.instances[1])
+    assert b.weights == ((1, 3), (3, 1)) and "weights 1=3,3=1" in b.describe()
+
+
+def test_plan_weights_are_global_so_instances_must_agree(load):
+    _, t, _ = load("epyc9654x2_cxl2")
+    m = measured({}, {(0, 0): 40.0, (0, 2): 10.0, (1, 0): 20.0, (1, 2): 10.0})
+    with pytest.raises(UsageError, match="weights are global.*node 0 \\(4 and 2\\)"):
+        plan_mod.plan(t, "win", mem="weighted-interleave", weights="auto", mem_nodes=(0, 2),
+                      figures=plan_mod.MemoryFigures(measured=m))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(mem="membind", weights="3:1"), "--weights applies to --mem weighted-interleave"),
+    (dict(mem="near", mem_nodes=(0,)), "chooses the nodes by tier"),
+    (dict(mem="weighted-interleave", weights="0:1"), "out of range"),
+    (dict(mem="weighted-interleave", weights="-1:1"), "not a whole number|out of range"),
+    (dict(mem="weighted-interleave", weights="3:1:1"), "3 weight\\(s\\) for 2"),
+])
+def test_plan_bad_memory_input(load, kw, msg):
+    _, t, fw = load("epyc9654x2_cxl2")
+    with pytest.raises(UsageError, match=msg):
+        plan_mod.plan(t, "win", figures=plan_mod.MemoryFigures(firmware=fw), **kw)
+
+
+def test_plan_weighted_without_a_far_tier_needs_nodes(load):
+    _, t, fw = load("xeonmax9480x2_snc4")
+    with pytest.raises(UsageError, match="has only node\\(s\\) 0.*no far-tier memory"):
+        plan_mod.plan(t, "win", mem="weighted-interleave", weights="auto", figures=plan_mod.MemoryFigures(firmware=fw))
+
+
+def test_binding_refuses_weights_that_do_not_fit():
+    with pytest.raises(UsageError, match="not among the interleaved nodes"):
+        binding.check_binding(binding.Binding(None, "weighted-interleave", (0, 2), weights=((0, 3), (5, 1))))
+    with pytest.raises(UsageError, match="a weight is 1..255"):
+        binding.check_binding(binding.Binding(None, "weighted-interleave", (0, 2), weights=((0, 0), (2, 1))))
+    with pytest.raises(UsageError, match="apply to weighted-interleave"):
+        binding.check_binding(binding.Binding(None, "membind", (0,), weights=((0, 3),)))
+
+
+@pytest.mark.parametrize("policy, release, need", [("preferred-many", "5.10.0-28-amd64", "5.15"),
+                                                   ("preferred-many", "4.19.0", "5.15")])
+def test_old_kernels_are_one_line_with_the_version_and_the_fallback(load, policy, release, need):
+    _, t, fw = load("epyc9654x2_cxl2")
+    p = plan_mod.plan(t, "win", mem="near-then-far", figures=plan_mod.MemoryFigures(firmware=fw))
+    with pytest.raises(TilewiseError) as e:
+        binding.ensure_mem_policy_supported(p, release=release)
+    text = str(e.value)
+    assert f"{need} or later" in text and "--mem preferred" in text and "\n" not in text
+    binding.ensure_mem_policy_supported(p, release="6.1.0-56-amd64")  # new enough: nothing said
+    assert binding.kernel_version("6.18.44-fc") == (6, 18) and binding.kernel_version("garbage") == (0, 0)
+
+
+def test_weights_are_journaled_read_back_and_restored(tmp_path):
+    sysfs = tmp_path / "weighted_interleave"
+    sysfs.mkdir()
+    for n in (0, 2):
+        (sysfs / f"node{n}").write_text("1\n")
+    state = tmp_path / "state"
+    with changes.Session("test weights", base=state) as s:
+        lines = binding.set_interleave_weights(s, ((0, 3), (2, 1)), str(sysfs))
+        assert (sysfs / "node0").read_text().strip() == "3" and (sysfs / "node2").read_text().strip() == "1"
+        assert "whole machine" in lines[0] and "was 1" in lines[0]
+        journal = s.journal.path.read_text()
+        assert "node0" in journal and '"3"' in journal  # journaled before the write
+        with pytest.raises(changes.Busy, match="already controlled"):
+            with changes.Session("a second controller", base=state) as s2:
+                binding.set_interleave_weights(s2, ((0, 5),), str(sysfs))
+    assert (sysfs / "node0").read_text().strip() == "1"  # restored
+    assert not list((state / "journals").glob("*.json"))
+
+
+def test_numa_maps_preferred_many_and_page_split(tmp_path):
+    pid = tmp_path / "77"
+    pid.mkdir()
+    (pid / "numa_maps").write_text(
+        "7f00 prefer (many):1,3 anon=300 dirty=300 N1=200 N3=100 kernelpagesize_kB=4\n"
+        "7f10 prefer (many):1,3 anon=2 N1=2 kernelpagesize_kB=4\n"
+        "5500 prefer (many):1,3 file=/usr/bin/python3 mapped=4 N0=4 kernelpagesize_kB=4\n")
+    assert verification.read_task_policy(77, str(tmp_path)) == "prefer (many):1,3"
+    assert verification.parse_policy("prefer (many):1,3") == ("prefer (many)", (1, 3))
+    assert verification.pages_per_node(77, str(tmp_path)) == {0: 4, 1: 202, 3: 100}
+    b = binding.Binding(None, "preferred-many", (1, 3))
+    assert verification.expected_policy(b) == "prefer (many):1,3"

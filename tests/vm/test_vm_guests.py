@@ -38,7 +38,7 @@ CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the 
     "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace"],
     "smt": ["sysfs", "topo", "plan", "exec"],
     "single-node": ["sysfs", "topo", "plan", "exec"],
-    "hmat-tiers": ["sysfs", "topo", "hmat", "memprobe"],
+    "hmat-tiers": ["sysfs", "topo", "hmat", "memprobe", "tiers"],
 }
 BENCH_ARGS = ("--sf", "0.01", "--runs", "1", "--no-warmup", "--no-plots", "--tests", "power")
 PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
@@ -621,3 +621,41 @@ def test_probe_memory_covers_every_initiator_and_target(guests, name):
     mis = r["misplaced"]
     assert mis["rc"] == 0 and "not_measured" in mis["stdout"] and "result " not in mis["stdout"], mis
     assert f"not on node {mis['target']} (elsewhere: {mis['bound']}:" in mis["stdout"], mis["stdout"]
+
+
+@pytest.mark.parametrize("name", guests_with("tiers"))
+def test_placement_by_tier(guests, name):
+    """Each socket's instance gets the CPU-less node the firmware puts nearest to it as its far tier;
+    auto weights come from the firmware's read bandwidth (the guest's own measurements would be the
+    emulator's); near-then-far fills the near node, then the far one; weighted interleave is refused
+    in one line where the kernel lacks it, before any weight is written."""
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "tiers")
+    want_far = {i: [k for k, n in enumerate(t.nodes) if not n.cpus and n.initiator == i] for i, n in enumerate(t.nodes) if n.cpus}
+    plan_ntf = ok(r["plan_ntf"])
+    for inst in plan_ntf["instances"]:
+        node = inst["numa_nodes"][0]
+        assert inst["far_nodes"] == want_far[node], inst
+        assert inst["mem_policy"] == "preferred-many" and inst["mem_nodes"] == [node, *want_far[node]]
+        assert "firmware (HMAT)" in inst["mem_reason"], inst["mem_reason"]
+    best = booted_best(t)
+    for inst in ok(r["plan_weighted"])["instances"]:
+        node, far = inst["numa_nodes"][0], want_far[inst["numa_nodes"][0]][0]
+        ratio = best[node]["read_bandwidth"] / best[far]["read_bandwidth"]
+        w = {int(k): v for k, v in inst["weights"].items()}
+        assert set(w) == {node, far} and abs(w[node] / w[far] - ratio) <= 0.05 * ratio, (w, ratio)
+        assert "firmware's read bandwidth" in inst["mem_reason"], inst["mem_reason"]
+    # near, then far: the near node fills, the rest is on the far node, nothing elsewhere
+    near, far = r["near"], r["far"][0]
+    p = pages(r["exec_ntf"])
+    total = r["exec_ntf"]["touch"]["total_pages"]
+    assert set(p) <= {near, far} and sum(p.values()) == total, p
+    assert p.get(far, 0) > 0 and p[near] > p[far], (p, r["free_before_mib"], r["touched_mib"])
+    assert r["exec_ntf"]["json"]["verification"]["checks"]["memory"]["got"].startswith("prefer (many):"), r["exec_ntf"]["json"]
+    w = r["exec_weighted"]
+    if guests.check(name, "sysfs")["weighted_interleave_sysfs"]:
+        assert w["rc"] == 0, w["stderr"]
+    else:
+        assert w["rc"] == 1 and w["stderr"].startswith("Error: memory policy weighted-interleave is not supported by "
+                                                      "this kernel") and "6.9" in w["stderr"], w["stderr"]
+        assert w["stderr"].count("\n") == 1 and r["weights_after"] is None
