@@ -321,7 +321,7 @@ def _by_tier(t: Topology, insts: tuple[Instance, ...], mem: str, weights: str | 
                 raise UsageError(f"weighted interleave for instance {inst.id} has only node(s) {cpulist.format(nodes)}: "
                                  f"{a.reason}", "name the nodes with --mem-nodes, or use --mem membind")
             if weights == "auto":
-                w = tiers.auto_weights(t, near[0], nodes, measured=fig.measured, firmware=fig.firmware)
+                w = tiers.auto_weights(t, inst.numa_nodes[0], nodes, measured=fig.measured, firmware=fig.firmware)
                 wmap, why = w.weights, f"weights {w.text()} for node(s) {cpulist.format(sorted(w.weights))} {w.reason}"
             else:
                 wmap = tiers.parse_weights(weights or "", nodes)
