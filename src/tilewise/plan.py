@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from tilewise import cpulist
 from tilewise.errors import UsageError
 from tilewise.topology import tiers
-from tilewise.topology.firmware import Firmware
 from tilewise.topology.model import Core, Topology
 
 POLICIES = ("wim", "win", "wicp", "wicp-mixed", "wic", "spread", "n", "auto")
@@ -100,13 +99,9 @@ class Plan:
             raise UsageError(f"malformed plan document (missing or bad {e})", "write it with `tilewise plan --json`") from None
 
 
-@dataclass(frozen=True)
-class MemoryFigures:
-    """What tier-aware placement decides on (topology.tiers): figures measured by `probe memory` per
-    (initiator node, target node), and the firmware's (HMAT) with the kernel's tiers."""
-
-    measured: dict = field(default_factory=dict)
-    firmware: Firmware | None = None
+# What tier-aware placement decides on: figures measured per (initiator node, target node), and the
+# firmware's (HMAT) with the kernel's tiers (topology.tiers.figures(t) reads them from the topology).
+MemoryFigures = tiers.Figures
 
 
 @dataclass(frozen=True)
@@ -276,7 +271,7 @@ def plan(
         spread = tuple(n.id for n in t.cpu_nodes if n.id in t.mem_allowed_nodes) or t.mem_allowed_nodes
         insts = tuple(_instance(t, i.id, g, mem_policy, spread) for i, g in zip(insts, groups))
     if mem_policy in TIERED or weights is not None:
-        insts = _by_tier(t, insts, mem_policy, weights, mem_nodes, figures or MemoryFigures(), notes)
+        insts = _by_tier(t, insts, mem_policy, weights, mem_nodes, figures or tiers.figures(t), notes)
     if not smt and t.smt > 1:
         notes.append(f"SMT{t.smt}: physical cores only (one hardware thread each); pass --smt to use siblings")
     if t.allowed_cpus is not None:

@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from tilewise import cpulist, launch, native
+from tilewise import cpulist, launch, native, topology
 from tilewise.binding import Binding
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.probes import matrix as pair_probes
@@ -30,6 +30,7 @@ from tilewise.probes.stream import likwid_gbs, reference_tool
 from tilewise.results import model
 from tilewise.results.probe_memory import TESTS, best
 from tilewise.topology import firmware as fw
+from tilewise.topology import tiers
 from tilewise.topology.model import Topology
 
 MIN_SIZE = 64 * 2**20  # the buffer of a cell, at least
@@ -527,3 +528,49 @@ def warnings(doc: dict) -> list[str]:
         out.append(f"{len(noisy)} figure(s) with a p90/p10 spread above {UNSTABLE}x ({', '.join(noisy[:6])}"
                    f"{', ...' if len(noisy) > 6 else ''}): the machine was busy; re-run on a quiet machine or with more --reps")
     return out
+
+
+# ---- tilewise topo --measure-memory -------------------------------------------------------------
+
+def measure_into(t: Topology, *, size: int | None = None, reps: int = 3, min_ms: float = 50.0,
+                 report: Callable[[str], None] | None = None) -> list[str]:
+    """Measure idle latency and sequential read bandwidth (all the initiator's cores) from every node
+    with CPUs to every node with memory, and keep them in t.memattrs (tilewise:MeasuredLatency,
+    tilewise:MeasuredReadBandwidth, tilewise:MeasuredTrusted: 0 under an emulator). Returns notes."""
+    if not topology_is_this_machine(t):
+        raise UsageError(f"--measure-memory measures this machine, but the topology is {t.source}",
+                         "drop --topology, or use a file exported here")
+    allowed = [c for c in os.sched_getaffinity(0) if t.allowed_cpus is None or c in t.allowed_cpus]
+    inits, notes = choose_initiators(t, None, None, allowed)
+    targets, tnotes = choose_targets(t, None, _mems_allowed())
+    notes += tnotes
+    size = size or default_size(t)[0]
+    try:
+        with open("/proc/cpuinfo") as f:
+            why = emulation(f.read(), None)
+    except OSError:
+        why = None
+    doc: dict = {"initiators": [i.to_json() for i in inits], "cells": [], "emulated": why}
+    if report:
+        report(f"measuring memory: {len(inits)} initiator(s) x {len(targets)} node(s), {size / 2**20:.0f} MiB each")
+    for ini in inits:
+        for tg in targets:
+            n = len(ini.cpus)
+            cell = run_cell(ini, tg, size, [n], ("latency", "read_seq"), reps, min_ms, True,
+                            timeout_s=120 + 20 * estimate_s(1, [n], ("latency", "read_seq"), reps, min_ms))
+            doc["cells"].append(cell)
+            if doc["emulated"] is None:
+                doc["emulated"] = emulation(None, (cell.get("info") or {}).get("hypervisor"))
+            if cell.get("status") != "measured":
+                notes.append(f"{ini.name} -> node {tg} not measured: {cell.get('reason')}")
+    paths = measured_paths(doc)
+    for name, attr in tiers.measured_memattrs(t, paths).items():
+        t.memattrs[name] = attr
+    notes.append(f"measured memory: idle latency and read bandwidth of {len(paths)} path(s), kept as memattrs "
+                 f"{tiers.MEASURED_LATENCY}, {tiers.MEASURED_READ_BW}"
+                 + (f"; {doc['emulated']}: marked untrusted ({tiers.MEASURED_TRUSTED} 0)" if doc["emulated"] else ""))
+    return notes
+
+
+def topology_is_this_machine(t: Topology) -> bool:
+    return topology.is_live(t) or t.fingerprint() == topology.load(None).fingerprint()

@@ -161,3 +161,63 @@ def read(root: str | os.PathLike = SYS) -> Firmware:
                 weights[int(m.group(1))] = int(v)
     return Firmware(tuple(accesses), tuple(sorted(tiers, key=lambda t: t.id)), tier_dir.is_dir(), weights,
                     wdir.is_dir(), str(root))
+
+
+# ---- as hwloc memory attributes (Topology.memattrs) -------------------------------------------------
+# hwloc's names and flags (hwloc_memattr_flag_e: 1 higher first, 2 lower first, 4 needs an initiator).
+# Like hwloc's Linux backend, the figures come from access1 (CPU initiators; access0 where the kernel
+# has no access1), the initiator is the union of the best initiators' CPUs, and Bandwidth/Latency
+# are the mean of read and write.
+HIGHER_FIRST, LOWER_FIRST, NEED_INITIATOR = 1, 2, 4
+HWLOC_NAMES = {"read_latency": "ReadLatency", "write_latency": "WriteLatency", "read_bandwidth": "ReadBandwidth",
+               "write_bandwidth": "WriteBandwidth"}
+FLAGS = {"ReadLatency": LOWER_FIRST | NEED_INITIATOR, "WriteLatency": LOWER_FIRST | NEED_INITIATOR,
+         "Latency": LOWER_FIRST | NEED_INITIATOR, "ReadBandwidth": HIGHER_FIRST | NEED_INITIATOR,
+         "WriteBandwidth": HIGHER_FIRST | NEED_INITIATOR, "Bandwidth": HIGHER_FIRST | NEED_INITIATOR}
+TIER_ATTR = "tilewise:MemoryTier"  # the kernel's memory_tierN of each node (no initiator; lower is nearer)
+
+
+def to_memattrs(fw: Firmware, node_cpus: dict[int, tuple[int, ...]]) -> dict:
+    """The firmware figures and kernel tiers as hwloc memattrs ({name: {"flags", "values": [...]}})."""
+    out: dict = {}
+
+    def add(name: str, flags: int, target: int, cpus, value: int) -> None:
+        out.setdefault(name, {"flags": flags, "values": []})["values"].append(
+            {"target_node": target, "initiator_cpus": list(cpus) if cpus is not None else None, "value": int(value)})
+
+    targets = sorted({a.target for a in fw.accesses})
+    for target in targets:
+        a = fw.access(target, "access1") or fw.access(target, "access0")
+        cpus = sorted(c for i in a.initiators for c in node_cpus.get(i, ())) if a else []
+        if not a or not cpus:
+            continue
+        for f, name in HWLOC_NAMES.items():
+            if a.figure(f):
+                add(name, FLAGS[name], target, cpus, a.figure(f))
+        for both, (r, w) in (("Latency", ("read_latency", "write_latency")), ("Bandwidth", ("read_bandwidth", "write_bandwidth"))):
+            vals = [a.figure(x) for x in (r, w) if a.figure(x)]
+            if vals:
+                add(both, FLAGS[both], target, cpus, sum(vals) // len(vals))
+    for tier in fw.tiers:
+        for n in tier.nodes:
+            add(TIER_ATTR, LOWER_FIRST, n, None, tier.id)
+    return out
+
+
+def from_memattrs(memattrs: dict, node_cpus: dict[int, tuple[int, ...]], source: str = "memattrs") -> Firmware:
+    """The firmware figures and kernel tiers kept in memattrs (read from sysfs, or from an hwloc XML file
+    that real hwloc or tilewise wrote): one access1 record per target. An initiator cpuset maps back to
+    the nodes whose CPUs it holds."""
+    per: dict[int, dict] = {}
+    for f, name in HWLOC_NAMES.items():
+        for v in (memattrs.get(name) or {}).get("values", []):
+            cpus = set(v.get("initiator_cpus") or ())
+            inits = tuple(sorted(n for n, cs in node_cpus.items() if cs and set(cs) <= cpus))
+            rec = per.setdefault(v["target_node"], {"initiators": inits})
+            rec[f] = int(v["value"]) or None
+    accesses = tuple(Access(t, "access1", r.pop("initiators"), **r) for t, r in sorted(per.items()))
+    tiers: dict[int, list[int]] = {}
+    for v in (memattrs.get(TIER_ATTR) or {}).get("values", []):
+        tiers.setdefault(int(v["value"]), []).append(v["target_node"])
+    return Firmware(accesses, tuple(MemoryTier(k, tuple(sorted(ns))) for k, ns in sorted(tiers.items())),
+                    bool(tiers), {}, False, source)

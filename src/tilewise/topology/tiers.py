@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tilewise import cpulist
 from tilewise.errors import UsageError
-from tilewise.topology.firmware import Firmware
+from tilewise.topology.firmware import Firmware, from_memattrs
 from tilewise.topology.model import Topology
 
 # A path is "the same" as another within these margins (measurement noise, firmware rounding).
@@ -41,6 +41,62 @@ WEIGHT_TOLERANCE = 0.05  # integer weights within 5 % of the bandwidth ratios
 # measured[(initiator node, target node)] = {"latency_ns": float | None, "read_bw_gbs": float | None,
 #                                            "trusted": bool, "why_untrusted": str | None}
 Measured = Mapping[tuple[int, int], Mapping]
+
+# measured figures as memattrs (custom hwloc attributes, so `lstopo --memattrs` shows them too):
+# ns and MB/s (10^6 bytes/s), and whether the measurement timed real memory (1) or an emulator (0)
+MEASURED_LATENCY = "tilewise:MeasuredLatency"
+MEASURED_READ_BW = "tilewise:MeasuredReadBandwidth"
+MEASURED_TRUSTED = "tilewise:MeasuredTrusted"
+EMULATED = "measured under an emulator (QEMU TCG): its times are not the memory's"
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What tier decisions are made on: measured figures and the firmware's (with the kernel's tiers)."""
+
+    measured: Measured = field(default_factory=dict)
+    firmware: Firmware | None = None
+
+
+def _node_cpus(t: Topology) -> dict[int, tuple[int, ...]]:
+    return {n.id: n.cpus for n in t.numa_nodes}
+
+
+def figures(t: Topology) -> Figures:
+    """The figures a topology carries in its memattrs: the firmware's (HMAT, kernel tiers; from sysfs or
+    an hwloc XML file) and tilewise's measured ones (`topo --measure-memory`)."""
+    node_cpus = _node_cpus(t)
+    fw = from_memattrs(t.memattrs, node_cpus, t.source) if t.memattrs else None
+    if fw is not None and not fw.accesses and not fw.tiers:
+        fw = None
+    trusted = {v["target_node"]: bool(v["value"]) for v in (t.memattrs.get(MEASURED_TRUSTED) or {}).get("values", [])}
+    measured: dict[tuple[int, int], dict] = {}
+    for name, key, scale in ((MEASURED_LATENCY, "latency_ns", 1.0), (MEASURED_READ_BW, "read_bw_gbs", 1e-3)):
+        for v in (t.memattrs.get(name) or {}).get("values", []):
+            cpus = set(v.get("initiator_cpus") or ())
+            node = next((n for n, cs in node_cpus.items() if cs and set(cs) == cpus), None)
+            if node is None:
+                continue
+            ok = trusted.get(v["target_node"], True)
+            rec = measured.setdefault((node, v["target_node"]), {"trusted": ok, "why_untrusted": None if ok else EMULATED})
+            rec[key] = v["value"] * scale
+    return Figures(measured, fw)
+
+
+def measured_memattrs(t: Topology, measured: Measured) -> dict:
+    """Measured figures (per initiator node, target node) as memattrs to add to t.memattrs."""
+    out: dict = {}
+    cpus = _node_cpus(t)
+    for (i, target), rec in sorted(measured.items()):
+        for name, key, scale, flags in ((MEASURED_LATENCY, "latency_ns", 1.0, 6), (MEASURED_READ_BW, "read_bw_gbs", 1e3, 5)):
+            v = rec.get(key)
+            if v is not None and v > 0:
+                out.setdefault(name, {"flags": flags, "values": []})["values"].append(
+                    {"target_node": target, "initiator_cpus": list(cpus[i]), "value": max(1, round(v * scale))})
+        trusted = out.setdefault(MEASURED_TRUSTED, {"flags": 1, "values": []})["values"]
+        if not any(x["target_node"] == target for x in trusted):
+            trusted.append({"target_node": target, "initiator_cpus": None, "value": int(bool(rec.get("trusted", True)))})
+    return out
 
 SRC_MEASURED = "measured"
 SRC_HMAT = "firmware (HMAT)"
