@@ -341,3 +341,103 @@ def test_numa_maps_preferred_many_and_page_split(tmp_path):
     assert verification.pages_per_node(77, str(tmp_path)) == {0: 4, 1: 202, 3: 100}
     b = binding.Binding(None, "preferred-many", (1, 3))
     assert verification.expected_policy(b) == "prefer (many):1,3"
+
+
+# ---- memory attributes in the topology: hwloc memattrs, round trips with real lstopo ---------------------
+
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+from tilewise.topology import hwloc_xml, render  # noqa: E402
+
+LSTOPO = shutil.which("lstopo-no-graphics") or shutil.which("lstopo")
+needs_lstopo = pytest.mark.skipif(LSTOPO is None, reason="hwloc's lstopo is not installed (Debian package hwloc)")
+STANDARD = ("ReadLatency", "WriteLatency", "ReadBandwidth", "WriteBandwidth", "Latency", "Bandwidth")
+
+
+def values(t, names) -> set:
+    return {(n, v["target_node"], tuple(v["initiator_cpus"] or ()), v["value"])
+            for n in names for v in (t.memattrs.get(n) or {}).get("values", [])}
+
+
+def test_sysfs_loader_keeps_hmat_and_tiers_as_memattrs(trees):
+    spec, t, fw, _ = trees("epyc9654x2_cxl2")
+    rb = {v["target_node"]: v["value"] for v in t.memattrs["ReadBandwidth"]["values"]}
+    assert rb == {0: 460000, 1: 460000, 2: 64000, 3: 32000}
+    lat = {v["target_node"]: v["value"] for v in t.memattrs["Latency"]["values"]}
+    assert lat[2] == (250 + 300) // 2  # hwloc's rule: the mean of read and write
+    node0 = next(v for v in t.memattrs["ReadLatency"]["values"] if v["target_node"] == 2)["initiator_cpus"]
+    assert node0 == list(t.node_by_id[0].cpus)
+    f = tiers.figures(t)
+    assert {a.target: a.initiators for a in f.firmware.accesses} == {0: (0,), 1: (1,), 2: (0,), 3: (1,)}
+    assert {x.id: x.nodes for x in f.firmware.tiers} == {4: (0, 1), 5: (2, 3)}
+    assert [n.kind for n in t.numa_nodes] == ["dram", "dram", "cxl", "cxl"]  # tier 5 > DRAM's 4
+
+
+@needs_lstopo
+@pytest.mark.parametrize("name", ["epyc9654x2_cxl2", "asymmetric_reversed"])
+def test_tilewise_reads_what_real_hwloc_reads_from_the_same_sysfs(trees, tmp_path, name):
+    _, mine, _, root = trees(name)
+    xml = tmp_path / "hwloc.xml"
+    cp = subprocess.run([LSTOPO, "--of", "xml", "-f", str(xml)], env=dict(os.environ, HWLOC_FSROOT=str(root.parent) + "/"),
+                        capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    theirs = hwloc_xml.load(str(xml))
+    assert values(theirs, STANDARD) == values(mine, STANDARD)
+    a, b = tiers.figures(theirs), tiers.figures(mine)
+    assert a.firmware.accesses == b.firmware.accesses
+    # the same tiers from either reading (hwloc 2.9 keeps no kernel tier: compare the rest)
+    same = [(x.node, x.tier, x.nearest, x.latency_ratio, x.bandwidth_ratio) for x in tiers.classify(theirs, firmware=a.firmware)]
+    assert same == [(x.node, x.tier, x.nearest, x.latency_ratio, x.bandwidth_ratio)
+                    for x in tiers.classify(mine, firmware=b.firmware)]
+
+
+@needs_lstopo
+def test_real_lstopo_reads_tilewise_export_and_back(trees, tmp_path):
+    _, t, _, _ = trees("epyc9654x2_cxl2")
+    m = measured({(0, 0): 112.5, (0, 2): 261.0, (1, 3): 270.2}, {(0, 0): 380.25, (0, 2): 52.0, (1, 3): 26.5})
+    t.memattrs.update(tiers.measured_memattrs(t, m))
+    try:
+        out = tmp_path / "tilewise.xml"
+        hwloc_xml.save(t, str(out))
+        shown = subprocess.run([LSTOPO, "--input", str(out), "--memattrs"], capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        block = shown.stdout.split("name `tilewise:MeasuredReadBandwidth'")[1].split("Memory attribute")[0]
+        assert sorted(int(x) for x in __import__("re").findall(r"= (\d+) from", block)) == [26500, 52000, 380250]
+        assert "name `ReadBandwidth'" in shown.stdout and "= 64000 from" in shown.stdout
+        again = tmp_path / "again.xml"
+        cp = subprocess.run([LSTOPO, "--input", str(out), "--of", "xml", "-f", str(again)], capture_output=True, text=True)
+        assert cp.returncode == 0, cp.stderr
+        back = hwloc_xml.load(str(again))
+        names = STANDARD + (tiers.MEASURED_LATENCY, tiers.MEASURED_READ_BW, tiers.MEASURED_TRUSTED, "tilewise:MemoryTier")
+        assert values(back, names) == values(t, names)
+        f = tiers.figures(back)
+        assert f.measured[(0, 2)] == {"trusted": True, "why_untrusted": None, "latency_ns": 261.0, "read_bw_gbs": 52.0}
+        near = tiers.nearest_initiators(back, 2, measured=f.measured, firmware=f.firmware)
+        assert near.source == tiers.SRC_MEASURED and near.initiators == (0,)
+    finally:
+        for k in (tiers.MEASURED_LATENCY, tiers.MEASURED_READ_BW, tiers.MEASURED_TRUSTED):
+            t.memattrs.pop(k, None)
+
+
+def test_topo_says_what_each_tier_was_decided_on(trees):
+    _, t, _, _ = trees("asymmetric_reversed")
+    text = "\n".join(render.tree_lines(t))
+    assert "Memory tiers (kernel: tier 4 = node(s) 0-1; tier 6 = node(s) 2-3):" in text
+    assert "node 2: far; nearest CPUs: node(s) 1 by firmware (HMAT) (240 ns)" in text
+    doc = render.to_json(t)["memory_tiers"]
+    assert [x["tier"] for x in doc] == ["near", "near", "far", "far"] and doc[3]["nearest"]["initiators"] == [0]
+
+
+def test_topo_falls_back_to_slit_and_measured_wins(tmp_path):
+    from tilewise import topology
+
+    t = topology.load(str(__import__("pathlib").Path(__file__).parent / "fixtures" / "epyc9654_cxl.xml"))
+    text = "\n".join(render.tree_lines(t))
+    assert "node 1: far; nearest CPUs: node(s) 0 by SLIT distance (50); decided on SLIT distance" in text
+    t.memattrs.update(tiers.measured_memattrs(t, measured({(0, 0): 100.0, (0, 1): 300.0}, {(0, 0): 200.0, (0, 1): 50.0})))
+    text = "\n".join(render.tree_lines(t))
+    assert "node 1: far; nearest CPUs: node(s) 0 by measured (300 ns); latency 3.00x, read bandwidth 0.25x" in text
+    t.memattrs.update(tiers.measured_memattrs(t, measured({(0, 0): 100.0, (0, 1): 300.0}, {}, trusted=False)))
+    assert "by SLIT distance" in "\n".join(render.tree_lines(t))  # untrusted (emulated) figures are not used
