@@ -38,14 +38,6 @@ weights_option = click.option(
          "weights are global: they apply to the whole machine while the command runs.")
 
 
-def memory_figures(t) -> plan.MemoryFigures:
-    """The figures tier-aware placement uses: this machine's firmware (HMAT) and kernel tiers when the
-    topology is this machine's."""
-    from tilewise.topology import firmware
-
-    return plan.MemoryFigures(firmware=firmware.read() if topology.is_live(t) else None)
-
-
 def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="parallel", working_set=None, skewed=False,
               weights=None):
     if instances is not None and policy == "auto":
@@ -56,9 +48,8 @@ def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="paralle
     nodes = cpulist.parse_set(mem_nodes, topology.allowed_nodes(t), what="--mem-nodes") if mem_nodes is not None else None
     ws = parse_size(working_set, "--working-set") if working_set is not None else None
     hints = plan.AutoHints(engine_threads, ws, skewed)
-    tiered = mem in plan.TIERED or weights is not None
-    return plan.plan(t, policy, instances=instances, mem=mem, smt=smt, mem_nodes=nodes, hints=hints, weights=weights,
-                     figures=memory_figures(t) if tiered else None)
+    # tier-aware placement reads its figures (measured, HMAT, kernel tiers) from the topology's memattrs
+    return plan.plan(t, policy, instances=instances, mem=mem, smt=smt, mem_nodes=nodes, hints=hints, weights=weights)
 
 
 @click.command("plan")
