@@ -276,3 +276,25 @@ def test_probe_memory_bad_input_is_one_error_line(args, msg):
     import re
 
     assert re.search(msg, lines[0]), lines[0]
+
+
+def test_topo_measure_memory_keeps_the_figures_in_the_topology(tmp_path):
+    """`topo --measure-memory --export`: every node with CPUs x every memory node measured here, kept as
+    memattrs in the JSON and in the hwloc XML, and read back from it."""
+    tool()
+    out = tmp_path / "here.xml"
+    cp = cli("topo", "--measure-memory", "--json", "--export", str(out))
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    live = topology.load(None)
+    lat = doc["memattrs"]["tilewise:MeasuredLatency"]["values"]
+    want = {(n.id, m.id) for n in live.cpu_nodes for m in live.numa_nodes if m.memory_bytes > 0}
+    node_of = {live.node_by_id[n].cpus: n for n, _ in want}
+    from tilewise import cpulist
+
+    got = {(node_of[cpulist.parse(v["initiator_cpus"])], v["target_node"]) for v in lat}
+    assert got == want and all(v["value"] > 0 for v in lat)
+    assert {v["value"] for v in doc["memattrs"]["tilewise:MeasuredTrusted"]["values"]} <= {0, 1}
+    assert doc["memory_tiers"] and any("measured memory" in n for n in doc["measure_notes"])
+    back = topology.load(str(out))
+    assert len(back.memattrs["tilewise:MeasuredReadBandwidth"]["values"]) == len(want)
