@@ -227,7 +227,34 @@ def render_tpch(doc: dict, out) -> None:
     if any(r.get("outliers") for n in measured for r in pols[n].get("queries", {}).values()):
         marks.append("! = a run is an outlier (modified z-score > 3.5; see results.json)")
     _print_lines(out, "note: ", marks)
+    _render_far_memory(doc, out)
     _tpch_notes(doc, out)
+
+
+def _render_far_memory(doc: dict, out) -> None:
+    """The far-memory study (bench --mem-variants): per query, each variant's slowdown against near memory."""
+    study = doc.get("far_memory") or {}
+    for dep, variants in (study.get("deployments") or {}).items():
+        out.print(f"[bold]{dep}[/bold]: slowdown against near memory (ratio of geometric means, 95 % interval)")
+        t = _table()
+        t.add_column("query", justify="left")
+        for v in variants:
+            t.add_column(v, justify="right")
+        queries = list(dict.fromkeys(q for rec in variants.values() for q in rec["queries"]))
+        for q in queries:
+            cells = []
+            for rec in variants.values():
+                r = rec["queries"].get(q) or {}
+                ci = r.get("ci95")
+                cells.append("-" if r.get("slowdown") is None else f"{r['slowdown']:.2f}x"
+                             + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
+            t.add_row(q, *cells)
+        out.print(t)
+        _print_lines(out, "verdict: ", [rec["verdict"] for rec in variants.values()])
+    if study:
+        out.print(f"usable: the whole interval below {study['usable_below']:.2f}x near memory; hurts: above "
+                  f"{study['hurts_above']:.2f}x (thesis 004, ch. 4: where the far tier can stand in for near memory)",
+                  markup=False)
 
 
 def _tpch_notes(doc: dict, out) -> None:
