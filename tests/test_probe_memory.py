@@ -15,7 +15,7 @@ import pytest
 from tilewise import native, topology
 from tilewise.errors import UsageError
 from tilewise.probes import memory as M
-from tilewise.results import probe_memory as K
+from tilewise.results.kinds import memory as K
 from tilewise.results import report
 
 FIX = Path(__file__).parent / "fixtures"

@@ -39,7 +39,7 @@ from tilewise.binding import ensure_runnable, set_interleave_weights
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model as M
-from tilewise.results import report
+from tilewise.results import stats
 from tilewise.results.output import Writer
 
 TESTS = ("power", "throughput")
@@ -571,7 +571,7 @@ def _per_query(one: dict, queries: list[QueryId]) -> dict[QueryId, float]:
 def _queries(rec: dict, cfg: Config, times, warm, rows_of, detail, *, validated: bool) -> None:
     for n in cfg.queries:
         q = {"times_s": times[n], "warmup_s": warm[n], "rows": rows_of.get(n), "valid": (n not in detail) if validated else None,
-             **report.query_stats(times[n])}
+             **stats.query_stats(times[n])}
         if n in detail:
             q["error"] = detail[n]
         rec["queries"][f"q{n}"] = q

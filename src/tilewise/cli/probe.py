@@ -8,7 +8,7 @@ import click
 from tilewise import cpulist
 from tilewise.cli.common import AT_LEAST_1, Number, console, emit_json, json_option, parse_size, topology_option
 from tilewise.errors import UsageError
-from tilewise.results.probe_memory import TESTS as MEMORY_TESTS
+from tilewise.results.kinds.memory import TESTS as MEMORY_TESTS
 
 cpus_option = click.option("--cpus", "cpus_text", metavar="LIST",
                            help="CPUs to measure, e.g. 0-7,64-71 (default: every CPU this process may use).")
@@ -150,6 +150,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
     from tilewise.probes import matrix, stream as st
     from tilewise.results import model, report
     from tilewise.results.output import Writer
+    from tilewise.results.tables import human_bytes
 
     t = matrix.live_topology(topology_src)
     cpus = matrix.choose_cpus(t, cpus_text, smt=smt or bool(cpus_text))
@@ -192,7 +193,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
         out.write(doc)
         raise
     model.finish(doc, complete=True)
-    noisy = [f"{c['policy']}@{report.human_bytes(c['size_bytes'])}" for c in doc["cases"]
+    noisy = [f"{c['policy']}@{human_bytes(c['size_bytes'])}" for c in doc["cases"]
              if c["kernels"]["copy"]["median_gbs"] > 0
              and c["kernels"]["copy"]["best_gbs"] / c["kernels"]["copy"]["median_gbs"] > UNSTABLE]
     doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "

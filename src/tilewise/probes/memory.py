@@ -28,7 +28,7 @@ from tilewise.errors import TilewiseError, UsageError
 from tilewise.probes import matrix as pair_probes
 from tilewise.probes.stream import likwid_gbs, reference_tool
 from tilewise.results import model
-from tilewise.results.probe_memory import TESTS, best
+from tilewise.results.kinds.memory import TESTS, best
 from tilewise.topology import firmware as fw
 from tilewise.topology import tiers
 from tilewise.topology.model import Topology

@@ -14,13 +14,11 @@ from dataclasses import asdict, dataclass
 
 from tilewise import allocators, changes, launch, native, procs, verification
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results.kinds.workload import DESCRIPTIONS  # noqa: F401 - the workloads' titles, owned by their results kind
 from tilewise.tune.knobs import Config, thread_order
 
 BINARIES = {"W1": "tw_w1_holistic", "W2": "tw_w2_distributive", "W3": "tw_w3_hashjoin", "W4": "tw_w4_inlj",
             "alloc": "tw_allocbench"}
-DESCRIPTIONS = {"W1": "holistic aggregation (median per group)", "W2": "distributive aggregation (count per group)",
-                "W3": "non-partitioned hash join (build 1 : probe 16)", "W4": "index nested-loop join (B+-tree)",
-                "alloc": "allocator microbenchmark (allocate+write / read+free)"}
 AGG_DATASETS = ("moving-cluster", "sequential", "zipf")
 # The paper's sizes (003 section 4.2): 100M records / 1M groups; 16M x 256M; 100M ops per thread.
 PAPER_SCALE = {"W1": {"records": 100_000_000, "groups": 1_000_000}, "W2": {"records": 100_000_000, "groups": 1_000_000},

@@ -1,7 +1,7 @@
 """The ``probe.memory`` result kind (`tilewise probe memory`): the initiator x target memory matrix.
 
-Everything about these documents lives here (metrics, tables, CSV, heatmaps, the files it owns),
-so the kind moves as one module. The body::
+Everything about these documents lives here (metrics, tables, CSV, heatmaps, the files it owns);
+the functions read the document as JSON (``MemoryDoc.to_json()``). The body::
 
     "initiators": [{"name", "node", "cpus"}], "targets": [node...], "tests": [...], "size_bytes",
     "emulated": null | "why the times are not the hardware's",
@@ -14,12 +14,13 @@ so the kind moves as one module. The body::
 
 from __future__ import annotations
 
-import csv
-import io
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise import cpulist
-from tilewise.results import model
+from tilewise.results import document
+from tilewise.results import tables as T
+from tilewise.results.kinds import Kind
 
 TESTS = ("latency", "read_seq", "read_rand", "write", "write_nt")
 TITLES = {
@@ -32,25 +33,8 @@ TITLES = {
 FILES = ("memory.csv", *(f"memory_{t}.png" for t in TESTS))
 
 
-# ---- table and CSV helpers (report.py has the same; the kind cannot import it: report dispatches here) ----
-
 def _table(title: str | None = None):
-    from rich.table import Table
-
-    return Table(title=title, show_edge=False, pad_edge=False)
-
-
-def _csv(header: list, rows: list) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header)
-    w.writerows(rows)
-    return buf.getvalue()
-
-
-def _lines(out, prefix: str, lines) -> None:
-    for line in lines:
-        out.print(f"{prefix}{line}", markup=False, highlight=False)
+    return T.table(title)
 
 
 def _mib(n: int) -> str:
@@ -90,7 +74,7 @@ def metrics(doc: dict) -> list[dict]:
             for k, r in by.items():
                 vals = r.get("values") or ([r["median"]] if "median" in r else [])
                 if vals:
-                    out.append(model.metric(f"{c['initiator']}->node {c['target']}/{test}/{k}", vals, unit=r.get("unit", _unit(test)),
+                    out.append(document.metric(f"{c['initiator']}->node {c['target']}/{test}/{k}", vals, unit=r.get("unit", _unit(test)),
                                             better="lower" if test == "latency" else "higher",
                                             initiator=c["initiator"], target=c["target"], test=test, threads=int(k)))
     return out
@@ -153,9 +137,9 @@ def render(doc: dict, out) -> None:
     out.print(place)
     _render_firmware(doc, out)
     _render_references(doc, out)
-    _lines(out, "note: ", doc.get("notes") or [])
-    _lines(out, "warning: ", doc.get("warnings") or [])
-    _lines(out, "system: ", ((doc.get("environment") or {}).get("system_check") or {}).get("warnings") or [])
+    T.lines(out, "note: ", doc.get("notes") or [])
+    T.lines(out, "warning: ", doc.get("warnings") or [])
+    T.lines(out, "system: ", ((doc.get("environment") or {}).get("system_check") or {}).get("warnings") or [])
 
 
 def _cpus(cpus) -> str:
@@ -236,7 +220,7 @@ def csv_files(doc: dict) -> dict[str, str]:
         return {}
     header = ["initiator", "target", "status", "pages", "pages_on_target", "policy", "test", "threads", "median",
               "best", "p10", "p90", "unit", "reason"]
-    return {"memory.csv": _csv(header, rows)}
+    return {"memory.csv": T.csv_text(header, rows)}
 
 
 def plots(doc: dict, out_dir: Path) -> list[Path]:
@@ -259,7 +243,7 @@ def heatmap(path: Path, rows: list[str], cols: list[str], vals: list[list[float 
 
     from tilewise.results import plots as P
 
-    plt = P._plt()
+    plt = P.pyplot()
     m = np.array([[np.nan if v is None else v for v in row] for row in vals], dtype=float)
     fig, ax = plt.subplots(figsize=(2.2 + 1.1 * len(cols), 1.6 + 0.6 * len(rows)))
     try:
@@ -277,3 +261,21 @@ def heatmap(path: Path, rows: list[str], cols: list[str], vals: list[list[float 
         return P.save(fig, path)
     finally:
         plt.close(fig)
+
+
+@dataclass
+class MemoryDoc(document.Document):
+    """The typed view: the envelope, and the body as JSON (the functions above read it so)."""
+
+    initiators: list[dict] = field(default_factory=list)
+    targets: list[int] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+    cells: list[dict] = field(default_factory=list)
+
+
+def _json(fn):
+    return lambda doc, *a: fn(doc.to_json(), *a)
+
+
+KIND = Kind(name="probe.memory", document=MemoryDoc, metrics=_json(metrics), render=_json(render), csv=_json(csv_files),
+            plots=_json(plots), files=FILES)
