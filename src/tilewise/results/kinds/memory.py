@@ -33,8 +33,10 @@ TITLES = {
 FILES = ("memory.csv", *(f"memory_{t}.png" for t in TESTS))
 
 
-def _table(title: str | None = None):
-    return T.table(title)
+def _table(out, title: str):
+    """A table under a title line (a rich table title wraps to the table's width)."""
+    out.print(title, markup=False, highlight=False)
+    return T.table(None)
 
 
 def _mib(n: int) -> str:
@@ -100,14 +102,14 @@ def render(doc: dict, out) -> None:
         inits, targets, vals = grid(doc, test)
         if all(v is None for row in vals for v in row):
             continue
-        t = _table(f"{TITLES.get(test, test)} ({_unit(test)})" + (" [emulated]" if emulated else ""))
+        t = _table(out, f"{TITLES.get(test, test)} ({_unit(test)})" + (" [emulated]" if emulated else ""))
         t.add_column("initiator \\ target", justify="left")
         for tg in targets:
             t.add_column(f"node {tg}", justify="right")
         for name, row in zip(inits, vals):
             t.add_row(name, *(_fmt(v, test) for v in row))
         out.print(t)
-    scaling = _table("by thread count (median of repetitions)")
+    scaling = _table(out, "by thread count (median of repetitions)")
     counts = sorted({str(k) for c in doc.get("cells", []) for k in c.get("threads", [])}, key=int)
     for col in ("cell", "test"):
         scaling.add_column(col, justify="left")
@@ -126,7 +128,7 @@ def render(doc: dict, out) -> None:
             rows += 1
     if rows:
         out.print(scaling)
-    place = _table("placement (every page's node, checked before and after measuring)")
+    place = _table(out, "placement (every page's node, checked before and after measuring)")
     for col in ("cell", "status", "pages on target", "policy", "reason"):
         place.add_column(col, justify="left")
     for c in doc.get("cells", []):
@@ -150,7 +152,7 @@ def _render_firmware(doc: dict, out) -> None:
     fw = doc.get("firmware") or {}
     rows = [a for a in fw.get("hmat", []) if a.get("access") == "access1"]
     if rows and any(a.get(f) for a in rows for f in ("read_latency", "read_bandwidth")):
-        t = _table("firmware figures (ACPI HMAT, access1: best CPU initiators)")
+        t = _table(out, "firmware figures (ACPI HMAT, access1: best CPU initiators)")
         for col in ("target", "initiators", "read ns", "write ns", "read MB/s", "write MB/s"):
             t.add_column(col, justify="right")
         for a in rows:
@@ -169,7 +171,7 @@ def _render_references(doc: dict, out) -> None:
     if not refs:
         return
     cells = {(c["initiator"], c["target"]): c for c in doc.get("cells", [])}
-    t = _table("references (same initiator CPUs and target node)")
+    t = _table(out, "references (same initiator CPUs and target node)")
     for col in ("cell", "figure", "tilewise", "reference", "tilewise/reference", "reference tool"):
         t.add_column(col, justify="left" if col in ("cell", "figure", "reference tool") else "right")
     for r in refs:
