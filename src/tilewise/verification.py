@@ -16,7 +16,8 @@ from tilewise.errors import TilewiseError
 
 # How /proc/PID/numa_maps names each policy (kernel mpol_to_str)
 NUMA_MAPS_NAME = {"first-touch": "default", "preferred": "prefer", "membind": "bind",
-                  "interleave": "interleave", "local": "local", "weighted-interleave": "weighted interleave"}
+                  "interleave": "interleave", "local": "local", "weighted-interleave": "weighted interleave",
+                  "preferred-many": "prefer (many)"}
 
 VERIFIED, MISMATCH, NOT_CHECKABLE = "verified", "mismatch", "not checkable"
 
@@ -97,8 +98,25 @@ def parse_policy(text: str) -> tuple[str, tuple[int, ...] | None]:
 
 
 def _policy_field(parts: list[str]) -> str:
-    """The policy column of a numa_maps line; Linux 6.9+ writes "weighted interleave:0-1" (two words)."""
-    return f"{parts[1]} {parts[2]}" if parts[1] == "weighted" and len(parts) >= 3 else parts[1]
+    """The policy column of a numa_maps line; two words for "weighted interleave:0-1" (Linux 6.9+) and
+    "prefer (many):0,2" (MPOL_PREFERRED_MANY, 5.15+)."""
+    if len(parts) >= 3 and (parts[1] == "weighted" or (parts[1] == "prefer" and parts[2].startswith("(many)"))):
+        return f"{parts[1]} {parts[2]}"
+    return parts[1]
+
+
+def pages_per_node(pid: int, proc: str = "/proc") -> dict[int, int]:
+    """Where a process's pages are: the N<node>=<pages> counts of /proc/PID/numa_maps, summed (pages of
+    each mapping's own size). OSError when it cannot be read."""
+    out: Counter = Counter()
+    with open(f"{proc}/{pid}/numa_maps") as f:
+        for line in f:
+            for word in line.split()[2:]:
+                if word.startswith("N") and "=" in word:
+                    node, _, count = word[1:].partition("=")
+                    if node.isdigit() and count.isdigit():
+                        out[int(node)] += int(count)
+    return dict(sorted(out.items()))
 
 
 def read_task_policy(pid: int, proc: str = "/proc") -> str:

@@ -74,6 +74,7 @@ REGISTRY = Registry("results kind", "tilewise.results", {
     "probe.latency": f"{_K}.pairs:LATENCY",
     "probe.bandwidth": f"{_K}.pairs:BANDWIDTH",
     "probe.stream": f"{_K}.stream",
+    "probe.memory": f"{_K}.memory",
     "workload": f"{_K}.workload",
     "tune": f"{_K}.tune",
     "overhead": f"{_K}.overhead",
