@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import benchmarks, cpulist, engines, topology
+from tilewise import benchmarks, changes, cpulist, engines, topology
+from tilewise.bench import far_memory
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
-from tilewise.binding import ensure_runnable
+from tilewise.binding import ensure_runnable, set_interleave_weights
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.engines.contract import EngineSpec, Query
 from tilewise.errors import TilewiseError, UsageError
@@ -75,6 +76,7 @@ class Config:
     data_seed: int = 0  # seed of the data generator, where it takes one
     inject_wrong: tuple[QueryId, ...] = ()  # test hook: corrupt these queries' answers before validation
     worker_memory: str | None = None  # the engine's memory knob per worker (its spec's capabilities.memory), e.g. 2g
+    mem_variants: tuple[str, ...] = ()  # the far-memory study: near, far, interleave, weighted (bench.far_memory)
 
 
 class Reporter:
@@ -161,7 +163,12 @@ def make_plans(cfg: Config, topo) -> list[tuple[str, object]]:
     from tilewise import plan as planner
 
     plans = []
+    if cfg.mem_variants and cfg.mem:
+        raise UsageError("--mem-variants and --mem cannot be combined", "the variants choose each run's memory policy")
     for label, pol, k in parse_policies(cfg.policies):
+        if cfg.mem_variants:  # the far-memory study: each variant a deployment of its own
+            plans += far_memory.variant_plans(topo, label, pol, k, cfg.smt, far_memory.parse_variants(cfg.mem_variants))
+            continue
         try:
             p = planner.plan(topo, pol, instances=k, mem=cfg.mem, smt=cfg.smt)
         except UsageError as e:
@@ -380,7 +387,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "streams": streams, "streams_requested": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
         "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
         "dataset": dataset.to_json(), "benchmark": cfg.benchmark, "query_params": qset.params,
-        "query_seed": qset.seed,
+        "query_seed": qset.seed, "mem_variants": list(cfg.mem_variants),
     })
     doc.update({
         "requested": {"policies": [label for label, _ in plans], "queries": [f"q{n}" for n in cfg.queries]},
@@ -447,7 +454,14 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
                 writer.write(doc)
                 continue
             deployed[key] = label
-            _policy(doc, ctx, engine_cls, label, p, dataset, writer, wrong, replicas)
+            weights = sorted({(n, w) for i in p.instances for n, w in i.weights.items()})
+            # weighted interleave: the weights are global, set for this deployment's run and restored after it
+            with changes.Session(f"bench {label} weights") as session:
+                for line in set_interleave_weights(session, weights) if weights else ():
+                    rep.message(f"{label}: {line}")
+                _policy(doc, ctx, engine_cls, label, p, dataset, writer, wrong, replicas)
+            if cfg.mem_variants:
+                doc["far_memory"] = far_memory.summarize(doc)
     except BaseException as e:
         M.stopped(doc, e)
         raise
