@@ -357,7 +357,18 @@ def plan_v2(root: str, *, group: str | None = None, pid: int | None = None, tree
     if enable and not may_enable:
         return (f"cgroup v2: cpuset is not enabled in {enable[0]}/cgroup.subtree_control "
                 "(`--enforce cgroup` enables it for the run, journaled and undone)")
-    target = g if mode == "constrain" else root
-    if not os.access(target, os.W_OK):
-        return f"{target} is not writable (run as root)"
-    return V2Plan(mode, target, enable)
+    return V2Plan(mode, g if mode == "constrain" else root, enable)
+
+
+def v2_writes(plan: V2Plan) -> list[tuple[str, str]]:
+    """What carrying out plan writes, as (what, path): the admission checks each before anything
+    changes. constrain: the group's own cpuset.cpus (never writable by the user a group is
+    delegated to: it is the parent's resource control); move: a new child of the root and the
+    root's cgroup.procs (the common ancestor of the old and the new group); both: the
+    cgroup.subtree_control of every group where cpuset must be enabled."""
+    out = [("cgroup.subtree_control of", os.path.join(g, "cgroup.subtree_control")) for g in plan.enable]
+    if plan.mode == "constrain":
+        out.append(("cpuset.cpus of", os.path.join(plan.group, "cpuset.cpus")))
+    else:
+        out += [("the cgroup", plan.group), ("cgroup.procs of", os.path.join(plan.group, "cgroup.procs"))]
+    return out
