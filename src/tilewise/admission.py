@@ -37,7 +37,7 @@ import pwd
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from tilewise.errors import TilewiseError
+from tilewise.errors import UsageError
 
 CAP_KILL = 5
 CAP_DAC_OVERRIDE = 1
@@ -132,8 +132,9 @@ class Refusal:
         return f"cannot {self.action} {self.target} (owned by {self.owner}): {self.missing}"
 
 
-class Refused(TilewiseError):
-    """Admission refused: nothing was journaled or changed."""
+class Refused(UsageError):
+    """Admission refused: nothing was journaled or changed. Exit 2, as a request this user may
+    not make (as `tune --apply-os` without root always exited)."""
 
     def __init__(self, refusals: Sequence[Refusal], more: str = ""):
         self.refusals = list(refusals)
@@ -210,11 +211,10 @@ def may_move_v1(caller: Caller, p: Proc) -> str | None:
 
 
 def write_refusal(caller: Caller, a: Access, what: str, way_out: str) -> Refusal | None:
-    """None when a can be written (or, missing, created: its parent is checked by the caller)."""
-    if a.writable:
+    """None when a can be written. A missing file is not refused here: reading it first fails
+    with its own message ("refusing to change ...: cannot read it")."""
+    if a.writable or not a.exists:
         return None
-    if not a.exists:
-        return Refusal("write", f"{what} {a.path}", "nobody", "it does not exist", way_out)
     if a.read_only_fs:
         missing = "it is on a read-only file system"
     elif caller.root:

@@ -696,6 +696,18 @@ class Session:
         self.journal.save()
         return c
 
+    def drop(self, which) -> None:
+        """Forget the journaled changes for which `which(change)` is true: changes that never
+        happened (a process whose start failed). An empty journal is removed."""
+        kept = [c for c in self.journal.changes if not which(c)]
+        if len(kept) == len(self.journal.changes):
+            return
+        self.journal.changes = kept
+        if kept or self.journal.locks:
+            self.journal.save()
+        else:
+            self.journal.remove()
+
     def protect(self, target: Target, key: str, *, origin: Any = None, lock: bool = False) -> Change | None:
         """Journal the current value of something our next change may disturb as a side effect
         (moving a task between cpusets resets its CPU mask), so undo puts it back."""
