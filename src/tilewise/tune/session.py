@@ -114,12 +114,12 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
         r = wl.run_command(list(cfg.command), c, timeout=cfg.timeout)
         return r.wall_s, {"allocator_verified": r.allocator_verified}
 
-    rep.message(f"tilewise tune: grid search, {len(g.cases)} configurations x {cfg.repeat} runs; OS: "
-                + ", ".join(f"{k} {v.shown}" for k, v in state.items()))
     stack = contextlib.ExitStack()
     if cfg.apply_os:
         stack.enter_context(osw.controlling(keys, "tune --apply-os"))
     with stack:
+        rep.message(f"tilewise tune: grid search, {len(g.cases)} configurations x {cfg.repeat} runs; OS: "
+                    + ", ".join(f"{k} {v.shown}" for k, v in state.items()))
         sw = sweep.run_sweep(g.cases, runner, repeat=cfg.repeat, warmup=cfg.warmup,
                              os_apply=(lambda d: osw.applied(d, "tune --apply-os")) if cfg.apply_os else None,
                              progress=lambda line: rep.message("  " + line),
