@@ -294,12 +294,12 @@ def choose(kind: str, target_pid: int | None, cgroup_path: str | None, proc: str
     Admission (tilewise.admission) is part of the choice: a cpuset this caller may not write (not
     root, no delegated group) is no choice for auto (affinity, with the reason), and for
     `--enforce cgroup` or `--cgroup PATH` a refusal naming the file, its owner and the way out."""
-    kw = {"target_pid": target_pid, "cgroup_path": cgroup_path, "proc": proc, "session": session}
+    who = caller or admission.caller()
+    kw = {"target_pid": target_pid, "cgroup_path": cgroup_path, "proc": proc, "session": session, "caller": who}
     if kind == "affinity":
         if cgroup_path:
             raise TilewiseError("--cgroup needs cgroup enforcement", "drop --enforce affinity")
         return AffinityEnforcer(reason="requested", **kw)
-    who = caller or admission.caller()
     m = cgroups.mounts(mountinfo)
     why: list[str] = []
     refused: list[admission.Refusal] = []
