@@ -41,14 +41,6 @@ class Recorder(session.Reporter):
         self.summary = summary
 
 
-@pytest.fixture
-def sleeper():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield p
-    p.kill()
-    p.wait()
-
-
 def journals() -> list:
     return sorted((changes.state_dir() / "journals").glob("*.json"))
 
