@@ -128,3 +128,21 @@ def test_journals_of_failed_starts_are_not_left_nor_recited(tmp_path):
     s.journal.save()
     notes = session.recovery_notes(changes.restore_all())
     assert notes == ["dropped 1 journal(s) of runs that had changed nothing still in place"] and not journals()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (a changed mask to undo)")
+def test_restore_refuses_a_journal_it_may_not_undo_whole(sleeper):
+    """Admission before an undo: a dead run's journal whose undo would re-bind a process this
+    caller may not (injected: a stranger) is left alone whole, said in one line; the owner undoes it."""
+    allcpus = sorted(os.sched_getaffinity(sleeper.pid))
+    s = changes.Session("elastic pid")
+    s.change(changes.ProcessAffinity.of(sleeper.pid), "cpus", allcpus[:1])
+    s.journal.owner = changes.Owner(2**22 + 1, 1, None, "tilewise elastic", time.time())
+    s.journal.save()
+    [c] = s.journal.changes
+    [r] = changes.undo_refusals([c], admission.Caller(4242, 4242))
+    assert r.target.startswith(f"pid {sleeper.pid} (") and r.owner == admission.user_name(os.getuid())
+    assert "CAP_SYS_NICE" in r.missing and "tilewise restore" in r.way_out
+    assert changes.undo_refusals([c]) == []  # this process (its owner) may
+    [rep] = changes.restore_all()
+    assert rep.state == "restored" and sorted(os.sched_getaffinity(sleeper.pid)) == allcpus and not journals()

@@ -186,6 +186,28 @@ def test_os_switches_are_refused(user, clean, tmp_path):
     assert Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text() == before and not out.exists()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (a changed mask to undo)")
+def test_restore_leaves_a_journal_it_may_not_undo_whole(user, sleeper):
+    """A journal in the user's state directory whose undo would re-bind root's process: refused
+    in one line before any item is undone, the journal kept; root then undoes it."""
+    from tilewise import changes
+
+    state = user.home / "run" / "tilewise"
+    allcpus = sorted(os.sched_getaffinity(sleeper.pid))
+    s = changes.Session("elastic pid", base=state)
+    s.change(changes.ProcessAffinity.of(sleeper.pid), "cpus", allcpus[:1])
+    s.journal.owner = changes.Owner(2**22 + 1, 1, None, "tilewise elastic", time.time())
+    s.journal.save()
+    for d, _, files in os.walk(state):
+        for p in [d, *(os.path.join(d, f) for f in files)]:
+            os.chown(p, user.uid, user.gid)
+    refused(user.run("restore"), "left alone", f"pid {sleeper.pid} (", "owned by root", "CAP_SYS_NICE",
+            "tilewise restore` as root")
+    assert sorted(os.sched_getaffinity(sleeper.pid)) == allcpus[:1] and len(user.journals()) == 1
+    [rep] = changes.restore_all(state)
+    assert rep.state == "restored" and sorted(os.sched_getaffinity(sleeper.pid)) == allcpus and not user.journals()
+
+
 # ---- what works -----------------------------------------------------------------------------------
 
 def test_exec_restore_and_topo_work(user, clean):

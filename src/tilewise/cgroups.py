@@ -137,6 +137,9 @@ class CgroupDir(Target):
     def describe(self, key: str) -> str:
         return f"cgroup {self.path}"
 
+    def needs(self, key: str, value) -> changes.Needs:
+        return changes.Needs(writes=(self.parent, os.path.join(self.parent, "cgroup.procs")))
+
     def get(self, key: str):
         return {"present": True} if os.path.isdir(self.path) else "absent"
 
@@ -245,6 +248,10 @@ class CgroupMember(Target):
             raise Gone(f"pid {self.pid} exited")
         return rel
 
+    def needs(self, key: str, value) -> changes.Needs:
+        return changes.Needs(writes=(os.path.join(join(self.root, value), "cgroup.procs"),)) \
+            if ProcId(self.pid, self.start).alive(self.proc) else changes.Needs()
+
     def set(self, key: str, value: str) -> None:
         if not ProcId(self.pid, self.start).alive(self.proc):
             raise Gone(f"pid {self.pid} exited")
@@ -281,6 +288,9 @@ class CgroupController(Target):
         except FileNotFoundError:
             raise Gone(f"{self.group} does not exist") from None
         return "on" if self.controller in text.split() else "off"
+
+    def needs(self, key: str, value) -> changes.Needs:
+        return changes.Needs(writes=(os.path.join(self.group, "cgroup.subtree_control"),))
 
     def set(self, key: str, value: str) -> None:
         if value == "off":

@@ -21,7 +21,7 @@ def restore_report(as_json: bool) -> None:
     others = _roots_journals(base)
     if as_json:
         emit_json({"state_dir": str(base), "journals": [r.to_json() for r in reports],
-                   "ok": all(r.state not in ("failed", "unreadable") for r in reports),
+                   "ok": all(r.state not in ("failed", "unreadable", "refused") for r in reports),
                    **({"not_yours": others} if others else {})})
     else:
         out = console()
@@ -32,6 +32,9 @@ def restore_report(as_json: bool) -> None:
                 out.print(line, markup=False)
         if others:
             out.print(f"note: {others}", markup=False)
+    refused = [r for r in reports if r.state == "refused"]
+    if refused:
+        raise TilewiseError(f"{len(refused)} journal(s) left alone, not ours to undo: {refused[0].detail}")
     bad = [r for r in reports if r.state in ("failed", "unreadable")]
     if bad:
         raise TilewiseError(f"{len(bad)} journal(s) could not be fully undone: {bad[0].path}",

@@ -176,7 +176,7 @@ def recovery_notes(reports: list[changes.JournalReport]) -> list[str]:
     for r in reports:
         if r.state == "restored" and r.undo is not None and not r.undo.restored and not r.undo.failed:
             quiet += 1
-        elif r.state in ("restored", "failed", "earlier-boot", "unreadable"):
+        elif r.state in ("restored", "failed", "refused", "earlier-boot", "unreadable"):
             notes += r.lines()
     if quiet:
         notes.append(f"dropped {quiet} journal(s) of runs that had changed nothing still in place")
