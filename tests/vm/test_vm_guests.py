@@ -35,7 +35,7 @@ CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the 
     "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "up", "elastic", "probes", "bench"],
     "l3-spans-nodes": ["sysfs", "topo", "plan", "exec", "probes"],
     "four-node-asym": ["sysfs", "topo", "plan", "exec", "up"],
-    "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace"],
+    "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace", "cgroup_delegated"],
     "smt": ["sysfs", "topo", "plan", "exec"],
     "single-node": ["sysfs", "topo", "plan", "exec"],
 }
@@ -544,3 +544,24 @@ def test_cgroup2_constrains_a_service_group_in_place_and_restore_undoes_a_killed
     assert [j["state"] for j in restored["journals"]] == ["restored"], restored
     final = r["after_restore"]
     assert final["cpus"] in ("", whole) and final["affinity"] == before["affinity"], final
+
+
+def test_cgroup2_delegation_to_a_user(guests):
+    """As nobody, in a scope delegated the way systemd's Delegate=yes does it: the scope's own
+    cpuset.cpus is root's, so elastic on the scope is refused in one line (exit 2, the way out
+    named); a child group nobody made is nobody's to constrain: cores granted, everything restored,
+    no journal left."""
+    r = guests.check("cgroup2", "cgroup_delegated")
+    assert r["mkdir"] == "" and r["target_ready"] == "ready", r
+    before = r["before"]
+    assert before["cgroup"] == "0::/user.slice/u.scope/db" and before["owners"] == {"db": 65534, "scope": 0}, before
+    scope = r["scope"]
+    err = scope["stderr"].strip()
+    assert scope["rc"] == 2 and err.startswith("Error: ") and len(err.splitlines()) == 1, scope
+    assert "u.scope/cpuset.cpus" in err and "owned by root" in err and "Delegate=yes" in err, err
+    s = ok(r["db"])
+    assert s["enforce"] == ["cgroup-v2 in place"] and s["restored"] and not s["problems"] and not s["partial"], s
+    assert s["allocations"] >= 1, s
+    after = r["after"]
+    assert after["cpus"] == before["cpus"] and after["affinity"] == before["affinity"], (before, after)
+    assert after["cgroup"] == before["cgroup"] and r["journals"] == []
