@@ -24,6 +24,7 @@ target) undoes.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 
@@ -151,10 +152,13 @@ class AffinityEnforcer(Enforcer):
                         self.bound.add(tid)
                     except (ProcessLookupError, FileNotFoundError):
                         pass
-                    except OSError as e:  # lost the right to it (it changed its uid): said once
-                        problems.append(self.deny(pid, f"sched_setaffinity({cpulist.format(cpus)}) of task {tid}: "
-                                                       f"{e.strerror}"))
-                        break
+                    except OSError as e:
+                        what = f"sched_setaffinity({cpulist.format(cpus)}) of task {tid}: {e.strerror}"
+                        if e.errno == errno.EPERM:  # lost the right to it (it changed its uid): said once
+                            problems.append(self.deny(pid, what))
+                            break
+                        problems.append(what)  # said once: not retried until the CPUs change
+                        self.bound.add(tid)
                 continue
             try:  # the whole process through the layer: journaled, set, read back
                 self.session.change(ProcessAffinity.of(pid, self.proc), "cpus", list(cpus),
@@ -162,8 +166,8 @@ class AffinityEnforcer(Enforcer):
                 self.bound.update(tids)
             except Gone:
                 pass
-            except TilewiseError as e:
-                problems.append(self.deny(pid, str(e)))
+            except TilewiseError as e:  # retried at the next core change, unless it is no longer ours
+                problems.append(self.admit(pid) or str(e))
         self.bound &= set(tasks)
         return problems
 
