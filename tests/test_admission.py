@@ -63,6 +63,11 @@ def test_affinity_is_the_owners_or_cap_sys_nice():
     # the kernel's rule: the caller's euid equals the task's real OR effective uid
     assert admission.may_set_affinity(Caller(1000, 1000), Proc(1, "su", 0, 1000, 0)) is None
     assert "kernel thread" in admission.may_set_affinity(ROOT, real("4", 4))
+    # the kernel's cap_safe_nice: a setuid program the user started holds capabilities the user lacks
+    setuid = Proc(950, "passwd", 1000, 0, 0, 1, cap_prm=admission.parse_caps("000001ffffffffff"))
+    assert "holds capabilities you lack" in admission.may_set_affinity(USER, setuid)
+    assert admission.may_set_affinity(NICE, setuid) is None
+    assert real("nobody", 4242).cap_prm == frozenset() and real("1", 1).cap_prm == ROOT.caps
 
 
 def test_refusals_are_one_per_owner_naming_the_first_process():

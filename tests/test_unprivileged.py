@@ -26,7 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+
+from tilewise import cpulist
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -34,14 +37,21 @@ OTHER_UID = 65533  # "another user": no account, like a service user the caller 
 SETUID_TREE = r"""
 import ctypes, os, sys, time
 uid = int(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
 os.setresgid(uid, uid, 0)
 os.setresuid(uid, uid, 0)  # owned by uid, saved uid root: a child may become root again
-ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/PID readable as for any process of uid
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+if libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()) != 0:  # no capabilities left at all
+    raise OSError(ctypes.get_errno(), "capset")
+libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/PID readable as for any process of uid
 print("ready", flush=True)
 time.sleep(float(sys.argv[2]))
 pid = os.fork()
 if pid == 0:
-    os.setresuid(0, 0, 0)  # the new child is root's: not the user's to re-bind
+    os.setresuid(0, 0, 0)  # the new child is root's (without capabilities): not the user's to re-bind
     print(os.getpid(), flush=True)
     time.sleep(60)
     os._exit(0)
@@ -253,9 +263,11 @@ def test_a_child_that_becomes_root_mid_run_is_said_once_and_the_run_is_partial(u
         assert len(err) == 1 and err[0].startswith("Error: the run was partial") and "Traceback" not in cp.stderr, err
         s = json.loads(cp.stdout)
         assert s["partial"] and s["restored"] and not s["problems"], s
+        assert len(s["uncontrolled"]) == 1, s["uncontrolled"]
         [line] = s["uncontrolled"]
         assert f"pid {child} (python" in line and "owned by root" in line, line
-        assert os.sched_getaffinity(tree.pid) == before and os.sched_getaffinity(child) == before
+        assert os.sched_getaffinity(tree.pid) == before  # restored; the child keeps what it was born with, as said
+        assert f"it keeps CPUs {cpulist.format(sorted(os.sched_getaffinity(child)))})" in line, line
     finally:
         subprocess.run(["pkill", "-KILL", "-P", str(tree.pid)], check=False)
         tree.send_signal(signal.SIGKILL)
@@ -269,3 +281,34 @@ def test_bench_tpch_at_a_tiny_scale(user, clean):
     assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr[-2000:]
     doc = json.loads((out / "results.json").read_text())
     assert doc["kind"] == "tpch" and not doc["validation"]["wrong_answers"]
+
+
+def test_up_elastic_instances_and_down(user, clean):
+    """The user's own DuckDB servers: up, elastic on them as instances (affinity: they are the
+    user's), down leaving nothing."""
+    cp = user.run("up", "--engine", "duckdb", "--policy", "wim", "--sf", "0.01", "--name", "mine",
+                  "--worker-memory", "256m", "--json", timeout=240)
+    assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr[-2000:]
+    [w] = [m for m in json.loads(cp.stdout)["members"] if m["role"] == "worker"]
+    try:
+        before = os.sched_getaffinity(w["pid"])
+        el = user.run("elastic", "--instances", "--cluster", "mine", "--duration", "1", "--interval", "0.2", "--json")
+        assert el.returncode == 0 and "Traceback" not in el.stderr, el.stderr
+        s = json.loads(el.stdout)
+        assert s["target"] == ["instance mine/0"] and s["enforce"] == ["affinity"] and s["restored"], s
+        assert os.sched_getaffinity(w["pid"]) == before
+    finally:
+        dn = user.run("down", "--name", "mine", "--json", timeout=120)
+    assert dn.returncode == 0, dn.stderr
+    deadline = time.monotonic() + 10
+    while not _ended(w["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ended(w["pid"]), "the server outlived down"
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for whoever adopted it (`up` detaches its servers)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

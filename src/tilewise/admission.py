@@ -9,8 +9,10 @@ its owner, what is missing and the way out.
 The rules are the kernel's (Linux 6.x):
 
 - **CPU affinity** of a task (``sched_setaffinity``): the caller's effective uid equals the
-  task's real or effective uid, or the caller has CAP_SYS_NICE (kernel/sched/syscalls.c,
-  ``check_same_owner``). Kernel threads cannot be moved at all. Reading a mask needs nothing.
+  task's real or effective uid (kernel/sched/syscalls.c, ``check_same_owner``) and the task's
+  permitted capabilities are a subset of the caller's (security/commoncap.c, ``cap_safe_nice``:
+  a setuid program started by the user is not theirs to re-bind), or the caller has
+  CAP_SYS_NICE. Kernel threads cannot be moved at all. Reading a mask needs nothing.
 - **cgroup files** (``cpuset.cpus``, ``cgroup.procs``, ``cgroup.subtree_control``, a new group
   directory): ordinary file permissions. That is how delegation works: systemd (``Delegate=yes``)
   chowns a unit's group directory and its ``cgroup.procs``, ``cgroup.threads`` and
@@ -67,7 +69,8 @@ class Caller:
 
     uid: int
     euid: int
-    caps: frozenset[int] = frozenset()
+    caps: frozenset[int] = frozenset()  # effective
+    permitted: frozenset[int] | None = None  # None: the same as caps
 
     def has(self, cap: int) -> bool:
         return cap in self.caps
@@ -93,6 +96,7 @@ class Proc:
     ppid: int = 0
     ns_pid: int | None = None  # its pid in its own (innermost) pid namespace
     kernel: bool = False  # a kernel thread
+    cap_prm: frozenset[int] = frozenset()  # its permitted capabilities
 
     @property
     def owner(self) -> str:
@@ -176,9 +180,15 @@ def may_set_affinity(caller: Caller, p: Proc) -> str | None:
     """None when caller may change p's CPU affinity, else what is missing."""
     if p.kernel:
         return "it is a kernel thread: its CPUs are the kernel's to set"
-    if caller.euid in (p.uid, p.euid) or caller.has(CAP_SYS_NICE):
+    if caller.has(CAP_SYS_NICE):
         return None
-    return f"it is not your process ({caller.name}) and you lack CAP_SYS_NICE"
+    if caller.euid not in (p.uid, p.euid):
+        return f"it is not your process ({caller.name}) and you lack CAP_SYS_NICE"
+    mine = caller.caps if caller.permitted is None else caller.permitted
+    if not p.cap_prm <= mine:  # security/commoncap.c cap_safe_nice
+        return ("it holds capabilities you lack (a setuid program, or a service started with capabilities) "
+                "and you lack CAP_SYS_NICE")
+    return None
 
 
 def affinity_way_out(p: Proc) -> str:
@@ -266,17 +276,16 @@ def parse_caps(hexmask: str) -> frozenset[int]:
 
 
 def caller(proc: str = "/proc") -> Caller:
-    """This process: uids and effective capabilities (/proc/self/status CapEff)."""
-    caps: frozenset[int] = frozenset()
+    """This process: uids, effective and permitted capabilities (/proc/self/status)."""
+    caps: dict[str, frozenset[int]] = {}
     try:
         with open(f"{proc}/self/status") as f:
             for line in f:
-                if line.startswith("CapEff:"):
-                    caps = parse_caps(line.split()[1])
-                    break
+                if line.startswith(("CapEff:", "CapPrm:")):
+                    caps[line[:6]] = parse_caps(line.split()[1])
     except OSError:
         pass
-    return Caller(os.getuid(), os.geteuid(), caps)
+    return Caller(os.getuid(), os.geteuid(), caps.get("CapEff", frozenset()), caps.get("CapPrm", frozenset()))
 
 
 def parse_process(pid: int, status_text: str, stat_text: str | None = None) -> Proc | None:
@@ -300,7 +309,7 @@ def parse_process(pid: int, status_text: str, stat_text: str | None = None) -> P
         except (IndexError, ValueError):
             pass
     return Proc(pid, st.get("Name", "?"), uids[0], uids[1], uids[2], ppid,
-                int(ns[-1]) if ns and ns[-1].isdigit() else None, kernel)
+                int(ns[-1]) if ns and ns[-1].isdigit() else None, kernel, parse_caps(st.get("CapPrm", "0")))
 
 
 def process(pid: int, proc: str = "/proc") -> Proc | None:

@@ -108,7 +108,11 @@ class Enforcer:
     def deny(self, pid: int, why: str, p: admission.Proc | None = None) -> str:
         p = p or admission.process(pid, self.proc)
         who = f"{p.label()}, owned by {p.owner}" if p is not None else f"pid {pid}"
-        line = f"{who}: not controlled: {why}"
+        try:  # what it has: the CPUs it inherited at birth stay (ours to change no more than the rest)
+            keeps = f" (it keeps CPUs {cpulist.format(sorted(os.sched_getaffinity(pid)))})"
+        except OSError:
+            keeps = ""
+        line = f"{who}: not controlled{keeps}: {why}"
         self.denied[pid] = line
         return line
 
