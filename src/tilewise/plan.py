@@ -9,6 +9,8 @@ Policies keep the studies' names (papers 000 and 001):
   wic         one instance per physical core (+ its SMT siblings with --smt); local memory
   spread      as win (same count, same size) but each instance's cores spread over the nodes (SPMWIN)
   n           --instances K: K instances of ceil(C/K) cores, packed inside one L3, then one node
+  gpu         one tile per GPU: the cores of the GPU's NUMA node (shared fairly by the GPUs on one
+              node), membind to that node; the tile's process sees only its GPU
   auto        chosen by the documented rules below; every decision carries its reasons
 """
 
@@ -16,16 +18,17 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from tilewise import cpulist
 from tilewise.errors import UsageError
+from tilewise.topology import pci
 from tilewise.topology.model import Core, Topology
 
-POLICIES = ("wim", "win", "wicp", "wicp-mixed", "wic", "spread", "n", "auto")
+POLICIES = ("wim", "win", "wicp", "wicp-mixed", "wic", "spread", "n", "gpu", "auto")
 MEM_POLICIES = ("first-touch", "interleave", "membind", "preferred", "local", "weighted-interleave")
 DEFAULT_MEM = {"wim": "first-touch", "win": "membind", "wicp": "membind", "wicp-mixed": "interleave",
-               "wic": "local", "spread": "local", "n": "membind"}
+               "wic": "local", "spread": "local", "n": "membind", "gpu": "membind"}
 # auto: a measured cross-L3 / within-L3 latency ratio above this means "chiplet machine"
 CHIPLET_LATENCY_RATIO = 1.5
 # auto: working set "far above" total L3 when it exceeds this multiple
@@ -41,12 +44,17 @@ class Instance:
     numa_nodes: tuple[int, ...]  # nodes holding this instance's CPUs
     l3_domains: tuple[int, ...]
     cores: int
+    gpu: str | None = None  # policy gpu: the tile's GPU, by PCI address
+    gpu_uuid: str | None = None  # its UUID where known (NVML, hwloc's nvml OSDev): CUDA_VISIBLE_DEVICES
 
     def to_json(self) -> dict:
         d = asdict(self)
         for k in ("cpus", "mem_nodes", "numa_nodes", "l3_domains"):
             d[k] = list(d[k])
         d["cpulist"] = cpulist.format(self.cpus)
+        for k in ("gpu", "gpu_uuid"):  # CPU tiles keep the document they always had
+            if d[k] is None:
+                del d[k]
         return d
 
 
@@ -77,7 +85,8 @@ class Plan:
         try:
             inst = tuple(
                 Instance(i["id"], tuple(i["cpus"]), tuple(i["mem_nodes"]), i["mem_policy"],
-                         tuple(i.get("numa_nodes", ())), tuple(i.get("l3_domains", ())), i.get("cores", len(i["cpus"])))
+                         tuple(i.get("numa_nodes", ())), tuple(i.get("l3_domains", ())), i.get("cores", len(i["cpus"])),
+                         i.get("gpu"), i.get("gpu_uuid"))
                 for i in d["instances"]
             )
             return cls(d["policy"], d.get("requested", d["policy"]), inst, tuple(d.get("reasons", ())),
@@ -94,6 +103,7 @@ class AutoHints:
     engine_threads: str = "parallel"  # parallel | single
     working_set_bytes: int | None = None
     skewed: bool = False
+    uses_gpu: bool = False  # the engine or workload runs on GPUs (a tensor workload with --device cuda)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -210,6 +220,67 @@ def _split(t: Topology, policy: str, units, k: int | None) -> tuple[list[list], 
     raise UsageError(f"unknown policy {policy!r}", f"choose one of {', '.join(POLICIES)}")
 
 
+def gpu_nodes(t: Topology) -> list[tuple[pci.PciDevice, int, str]]:
+    """Each GPU with the NUMA node its tile runs on and how that was found; one Error line for a
+    machine without GPUs or a GPU whose node cannot be told."""
+    if not t.gpus:
+        raise UsageError(f"--policy gpu: no GPU in this topology ({t.source}: no PCI display or accelerator device)",
+                         "use a CPU policy (auto, win, wicp), or a topology with GPUs (an hwloc XML exported with "
+                         "I/O devices: `lstopo --of xml FILE`)")
+    node_cpus = {n.id: n.cpus for n in t.cpu_nodes}
+    out = []
+    for g in t.gpus:
+        node, why = pci.locate(g, node_cpus)
+        if node is None:
+            raise UsageError(f"--policy gpu: {why}",
+                             "tilewise will not guess: export the topology (`tilewise topo --export FILE`), move the "
+                             "GPU's PCIDev under its node's Package and plan with --topology FILE, or use a CPU policy")
+        out.append((g, node, why))
+    return out
+
+
+def _gpu_split(t: Topology, units) -> tuple[list[list], list[pci.PciDevice], list[str], list[str]]:
+    """One tile per GPU: the usable cores of its node, split in contiguous shares that differ by at
+    most one core among the GPUs of that node (fewer cores than GPUs: tiles share cores, said so)."""
+    placed = gpu_nodes(t)
+    reasons = [why for _, _, why in placed]
+    notes: list[str] = []
+    by_node = {n: [u for u in units if u[0].numa_node == n] for n in {node for _, node, _ in placed}}
+    blocked = sorted(n for n, cores in by_node.items() if not cores)
+    if blocked:
+        skipped = [g.address for g, n, _ in placed if n in blocked]
+        if len(blocked) == len(by_node):
+            raise UsageError(f"--policy gpu: the GPUs' NUMA node(s) {cpulist.format(blocked)} have no usable core here",
+                             "run where those nodes' CPUs are allowed, or use a CPU policy")
+        notes.append(f"GPU(s) {', '.join(skipped)} on node(s) {cpulist.format(blocked)}: no usable core there "
+                     "(allowed CPUs), no tile")
+        by_node = {n: c for n, c in by_node.items() if c}
+    groups, gpus = [], []
+    for node in sorted(by_node):
+        mine = [g for g, n, _ in placed if n == node]
+        cores = by_node[node]
+        k, n = len(mine), len(cores)
+        if n >= k:
+            size, extra = divmod(n, k)
+            start = 0
+            for i in range(k):
+                end = start + size + (1 if i < extra else 0)
+                groups.append(cores[start:end])
+                start = end
+            if k > 1:
+                reasons.append(f"node {node}: {k} GPUs share its {n} cores fairly "
+                               f"({', '.join(str(size + (1 if i < extra else 0)) for i in range(k))} cores)")
+        else:
+            groups.extend([cores[i % n]] for i in range(k))
+            notes.append(f"node {node} has {k} GPUs but {n} usable core(s): tiles share cores "
+                         "(each GPU's tile gets one core, round-robin)")
+        gpus.extend(mine)
+    idle = sorted({c.numa_node for c, _ in units} - set(by_node))
+    if idle:
+        notes.append(f"node(s) {cpulist.format(idle)} hold no GPU: their cores are in no GPU tile")
+    return groups, gpus, reasons, notes
+
+
 def plan(
     t: Topology,
     policy: str,
@@ -238,11 +309,21 @@ def plan(
     units = _units(t, t.usable_cores(), smt)
     if not units:
         raise UsageError("no usable cores in this topology")
-    groups, notes = _split(t, policy, units, instances)
+    gpus: list = []
+    if policy == "gpu":
+        groups, gpus, gpu_reasons, notes = _gpu_split(t, units)
+        reasons += gpu_reasons
+    else:
+        groups, notes = _split(t, policy, units, instances)
     mem_policy = mem or DEFAULT_MEM[policy]
     if mem_policy == "first-touch" and policy != "wim" and mem is None:
         mem_policy = "membind"
     insts = tuple(_instance(t, i, g, mem_policy, mem_nodes) for i, g in enumerate(groups))
+    if gpus:
+        insts = tuple(replace(i, gpu=g.address, gpu_uuid=g.uuid) for i, g in zip(insts, gpus))
+        if not all(g.uuid for g in gpus):
+            notes.append("no UUID known for some GPUs (no NVML here, or a topology without nvml OS devices): their "
+                         "tiles select the GPU by its PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID)")
     if policy == "wim" and mem_policy in ("interleave", "weighted-interleave") and mem_nodes is None:
         # WIM+interleave spreads pages over every node that holds CPUs
         spread = tuple(n.id for n in t.cpu_nodes if n.id in t.mem_allowed_nodes) or t.mem_allowed_nodes
@@ -285,6 +366,15 @@ def choose(t: Topology, hints: AutoHints, *, instances: int | None = None) -> tu
     cores = t.usable_cores()
     nodes = {c.numa_node for c in cores}
     l3s = {c.l3 for c in cores}
+    if hints.uses_gpu:
+        if t.gpus:
+            reasons.append(f"the workload runs on GPUs and this topology has {len(t.gpus)}: one tile per GPU with "
+                           "its node's cores and memory (policy gpu)")
+            return "gpu", reasons
+        reasons.append("the workload can run on a GPU but this topology has none: CPU tiles")
+    elif t.gpus:
+        reasons.append(f"{len(t.gpus)} GPU(s) here, but the engine runs on CPUs: GPUs are not planned "
+                       "(--policy gpu, or a tensor workload with --device cuda, plans one tile per GPU)")
     if instances is not None:
         reasons.append(f"--instances {instances} given: {instances} instances packed by L3 then node")
         return "n", reasons

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from tilewise import allocators, cpulist, procs
+from tilewise import allocators, cpulist, devices, procs
 from tilewise.binding import NEEDS_NODES, Binding
 from tilewise.errors import TilewiseError
 
@@ -158,7 +158,31 @@ def verify(pid: int, b: Binding, *, allocator_wait_s: float = 0.5, proc: str = "
         v.checks["allocator"] = _check_allocator(pid, b, lib, v, allocator_wait_s, proc)
     else:
         v.notes.append(f"allocator {b.allocator}: nothing preloaded, nothing to check")
+    if b.gpu:
+        v.checks["gpu"] = check_gpu(pid, b.gpu, proc)
     return v
+
+
+def check_gpu(pid: int, uuid: str, proc: str = "/proc", nvml=None) -> Check:
+    """A GPU tile's process: its environment shows only its GPU, and, where NVML is present and the
+    process has a CUDA context, NVML sees it on that GPU and no other. nvml: devices.process_gpus."""
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    except OSError as e:
+        return Check(NOT_CHECKABLE, uuid, None, f"environ unreadable ({e.strerror or e})")
+    seen = env.get(b"CUDA_VISIBLE_DEVICES", b"").decode(errors="replace")
+    if seen != uuid:
+        return Check(MISMATCH, uuid, f"CUDA_VISIBLE_DEVICES={seen or '(unset)'}")
+    on, why = (nvml or devices.process_gpus)(pid)
+    if on is None:
+        return Check(NOT_CHECKABLE, uuid, None, f"CUDA_VISIBLE_DEVICES={uuid} verified; which GPU it runs on: {why}")
+    if not on:
+        return Check(NOT_CHECKABLE, uuid, None, f"CUDA_VISIBLE_DEVICES={uuid} verified; NVML sees no CUDA context "
+                                                "of this process yet")
+    if on == [uuid]:
+        return Check(VERIFIED, uuid, f"NVML: running on {uuid}")
+    return Check(MISMATCH, uuid, f"NVML: running on {', '.join(on)}")
 
 
 def _check_memory(pid: int, b: Binding, want: str, v: Verification, st: dict, proc: str) -> Check:

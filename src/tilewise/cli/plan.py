@@ -30,7 +30,8 @@ def plan_options(f):
     return f
 
 
-def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="parallel", working_set=None, skewed=False):
+def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="parallel", working_set=None, skewed=False,
+              uses_gpu=False):
     if instances is not None and policy == "auto":
         policy = "n"
     if policy != "auto":
@@ -38,7 +39,11 @@ def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="paralle
                   "--engine-threads, --working-set and --skewed are hints for --policy auto")
     nodes = cpulist.parse_set(mem_nodes, topology.allowed_nodes(t), what="--mem-nodes") if mem_nodes is not None else None
     ws = parse_size(working_set, "--working-set") if working_set is not None else None
-    hints = plan.AutoHints(engine_threads, ws, skewed)
+    hints = plan.AutoHints(engine_threads, ws, skewed, uses_gpu)
+    if (policy == "gpu" or uses_gpu) and topology.is_live(t):
+        from tilewise import devices
+
+        t = devices.with_nvml(t)  # this machine's GPUs get NVML's UUIDs (CUDA_VISIBLE_DEVICES) where a driver is loaded
     return plan.plan(t, policy, instances=instances, mem=mem, smt=smt, mem_nodes=nodes, hints=hints)
 
 
@@ -75,13 +80,14 @@ def print_plan(p, t) -> None:
     for r in p.reasons:
         out.print(f"  because {r}", markup=False)
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("instance", "cores", "cpus (P#)", "NUMA (P#)", "L3 (L#)", "memory (P#)"):
+    gpu = any(i.gpu for i in p.instances)
+    for col in ("instance", "cores", "cpus (P#)", "NUMA (P#)", "L3 (L#)", "memory (P#)") + (("GPU",) if gpu else ()):
         table.add_column(col, overflow="fold")
     shown = p.instances if len(p.instances) <= 64 else p.instances[:64]
     for i in shown:
         mem = i.mem_policy + (f" {cpulist.format(i.mem_nodes)}" if i.mem_policy not in ("first-touch", "local") else "")
         table.add_row(str(i.id), str(i.cores), cpulist.format(i.cpus), cpulist.format(i.numa_nodes),
-                      cpulist.format(i.l3_domains), mem)
+                      cpulist.format(i.l3_domains), mem, *((f"{i.gpu} {(i.gpu_uuid or '')[:12]}".strip(),) if gpu else ()))
     out.print(table)
     if len(p.instances) > len(shown):
         out.print(f"... {len(p.instances) - len(shown)} more instances (use --json for all)")

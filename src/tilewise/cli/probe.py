@@ -1,4 +1,4 @@
-"""`tilewise probe latency|bandwidth|stream`: measure this machine (paper 001, section 2)."""
+"""`tilewise probe latency|bandwidth|stream|gpu`: measure this machine (paper 001, section 2; gpu: thesis 004 ch. 3)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ full_option = click.option("--full", is_flag=True, help="Measure all ordered pai
 
 @click.group("probe")
 def probe() -> None:
-    """Core-to-core latency and bandwidth, STREAM per deployment layout (measured here)."""
+    """Core-to-core latency and bandwidth, STREAM per deployment layout, GPU copy bandwidth per node (measured here)."""
 
 
 def _progress(total: int, label: str):
@@ -31,7 +31,7 @@ def _pair_probe(kind: str, topology_src, cpus_text, full, as_json, out_dir, para
     from dataclasses import asdict
 
     from tilewise.probes import matrix, pairs
-    from tilewise.results import model, report
+    from tilewise.results import model
     from tilewise.results.output import Writer
 
     t = matrix.live_topology(topology_src)
@@ -63,6 +63,13 @@ def _pair_probe(kind: str, topology_src, cpus_text, full, as_json, out_dir, para
         matrix.build_doc(doc, t, cpus, desc, stats, modes if stats else (), unit)
         doc["warnings"] = _pair_warnings(doc, modes)
         out.write(doc)
+    _show(doc, out, as_json)
+
+
+def _show(doc: dict, out, as_json: bool) -> None:
+    """The finished document on stdout: JSON, or the kind's table and the files written."""
+    from tilewise.results import report
+
     doc["written"] = out.written
     if as_json:
         emit_json(doc)
@@ -197,10 +204,55 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
     doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "
                        "a quiet machine, with more --ntimes or --runs"] if noisy else []
     out.write(doc, plots=True)
-    doc["written"] = out.written
-    if as_json:
-        emit_json(doc)
-        return
-    report.render(doc, console(wide=True))
-    for w in doc["written"]:
-        console().print(f"wrote {w}", markup=False)
+    _show(doc, out, as_json)
+
+
+@probe.command("gpu")
+@click.option("--device", default="cuda", show_default=True, metavar="cuda[:N|:UUID]|all",
+              help="The GPU to measure (all: every GPU CUDA can use).")
+@click.option("--size", "size_text", default="256MiB", show_default=True, help="Bytes moved per copy.")
+@click.option("--reps", type=AT_LEAST_1, default=20, show_default=True, help="Timed copies per figure (a warm-up first).")
+@click.option("--nodes", "nodes_text", default=None, metavar="LIST", help="NUMA nodes to allocate host memory on (default: all with memory).")
+@click.option("--timeout", type=Number(min=0, min_open=True, name="SECONDS"), default=300, show_default=True,
+              help="Seconds per (GPU, node) before the measuring process is stopped.")
+@json_option
+@out_option
+def gpu(device, size_text, reps, nodes_text, timeout, as_json, out_dir):
+    """Host-to-device and device-to-host bandwidth from pinned and pageable memory on every NUMA
+    node: the GPU's own node against the others (one bound process per node)."""
+    from tilewise import devices, topology
+    from tilewise.probes import gpu as gp
+    from tilewise.results import model
+    from tilewise.results.kinds import gpu as gpu_kind
+    from tilewise.results.output import Writer
+
+    size = parse_size(size_text, "--size", minimum=4096)
+    found = devices.discover()
+    if device.strip().lower() == "all":
+        if not found.cuda:
+            devices.resolve_cuda("cuda", found)  # the one-line refusal, with what is here
+        gpus = list(found.cuda)
+    else:
+        gpus = [devices.resolve_cuda(device, found)]
+    t = topology.load(None)
+    nodes = tuple(cpulist.parse(nodes_text, what="--nodes")) if nodes_text else None
+    out = Writer(out_dir, name="gpu.json") if out_dir else Writer(None)
+    doc = model.new("probe.gpu", topo=t, system_check=_system_check(t),
+                    params={"device": device, "size": size, "reps": reps, "nodes": list(nodes) if nodes else None})
+    doc.update({"probe": "gpu", "unit": "GB/s", "size_bytes": size, "reps": reps,
+                "gpus": [g.to_json() for g in gpus], "driver": found.driver, "cases": []})
+    try:
+        def on_case(cases):
+            doc["cases"] = cases
+            out.write(doc, plots=False)
+
+        gp.run(t, gpus, size, reps, nodes, timeout, on_case=on_case)
+        doc["summary"] = gp.summarize(doc["cases"])
+        doc["metrics"] = gpu_kind.metrics(doc)
+        model.finish(doc, complete=all("gbs" in c for c in doc["cases"]))
+    except BaseException as e:
+        model.stopped(doc, e)
+        out.write(doc)
+        raise
+    out.write(doc, plots=True)
+    _show(doc, out, as_json)

@@ -21,6 +21,10 @@ INDEX_LEGEND = "indexes: L# logical (hwloc's order), P# OS; cpu lists are OS CPU
 def topo(topology_src, as_json, export_path, measure):
     """Show packages, NUMA nodes (CPU-less ones too), L3 domains (chiplets), cores, SMT, distances."""
     t = topology.load(topology_src)
+    if topology.is_live(t) and t.gpus:
+        from tilewise import devices
+
+        t = devices.with_nvml(t)  # names, memory, UUIDs of this machine's GPUs where a driver is loaded
     notes: list[str] = []
     if measure:
         from tilewise.probes.matrix import measure_into

@@ -84,10 +84,24 @@ def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
         lines.append(f"  Allowed CPUs: {cpulist.format(t.allowed_cpus)}")
     if t.allowed_nodes is not None:
         lines.append(f"  Allowed memory nodes: {cpulist.format(t.allowed_nodes) or 'none'}")
+    lines.extend(device_lines(t))
     for key, m in sorted(t.measurements.items()):
         lines.append(f"  Measured: {key} over {len(m['cpus'])} CPUs")
     for name, attr in sorted(t.memattrs.items()):
         lines.append(f"  Memory attribute {name}: {len(attr['values'])} value(s) (see --json)")
+    return lines
+
+
+def device_lines(t: Topology) -> list[str]:
+    """GPUs, accelerators and NICs, by NUMA node (the firmware's, or none)."""
+    lines = []
+    for d in t.devices:
+        node = f"NUMA P#{d.numa_node}" if d.numa_node is not None else "no NUMA node (firmware: -1)"
+        facts = [x for x in (human_bytes(d.memory_bytes) if d.memory_bytes else None, d.uuid,
+                             ",".join(d.os_devices) or None) if x]
+        lines.append(f"  {d.kind.upper() if d.kind in ('gpu', 'nic') else d.kind.capitalize()} {d.address} "
+                     f"{d.name or d.vendor or hex(d.vendor_id)} [{d.vendor_id:04x}:{d.device_id:04x}]  {node}, "
+                     f"local cpus {cpulist.format(d.local_cpus) or 'unknown'}" + (f"  ({'; '.join(facts)})" if facts else ""))
     return lines
 
 
@@ -157,5 +171,6 @@ def to_json(t: Topology) -> dict:
              "initiator_cpus": cpulist.format(v["initiator_cpus"]) if v["initiator_cpus"] is not None else None}
             for v in a["values"]]} for name, a in t.memattrs.items()},
         "measurements": t.measurements,
+        "devices": [d.to_json() for d in t.devices],
         "notes": [dict(n) for n in t.notes],
     }

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tilewise import cpulist
 from tilewise.errors import UsageError
+from tilewise.topology import pci
 from tilewise.topology.build import RawMemCache, RawNode, RawPU, build, note
 from tilewise.topology.model import Topology
 
@@ -267,8 +268,10 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
     if any(isinstance(p.package, tuple) for p in pus):
         notes.append(note("note", "physical_package_id is missing or -1: packages are the package_cpus/core_siblings "
                                   "groups, OS index unknown, as hwloc reads them"))
+    sys_root = pci.sysfs_root_of(base)
+    devices = pci.read_sysfs(sys_root) if sys_root is not None else []
     return build(pus, raw_nodes, distances=distances, l3_sizes=l3_sizes, source=f"sysfs:{root}",
-                 allowed_cpus=allowed_cpus, memory_caches=caches, notes=notes)
+                 allowed_cpus=allowed_cpus, memory_caches=caches, notes=notes, devices=devices)
 
 
 def _memory_kind(base: Path, nid: int) -> str:

@@ -114,19 +114,21 @@ def _allocator_check(cfg: Config, libs: list[str]) -> bool:
     return os.path.basename(lib) in libs
 
 
-def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str, *, capture: bool):
-    """Start cmd bound by cfg, verify the binding, wait (with a time limit), always reap.
+def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str, *, capture: bool,
+               cpus: tuple[int, ...] | None = None, env: dict | None = None):
+    """Start cmd bound by cfg (and to cpus when given), verify the binding, wait (with a time
+    limit), always reap. env: the child's environment (default: ours).
 
     Returns (stdout bytes or None, wall seconds, Verification); a non-zero exit is a TilewiseError
     carrying the last lines of the command's stderr.
     """
-    b = cfg.binding()
+    b = cfg.binding(cpus)
     with tempfile.TemporaryFile() as errf:
         journal = changes.Session(f"tune run {os.path.basename(cmd[0])}")  # restore stops it after a kill -9
         token = launch.journal_start(journal, cmd)  # before the clock starts
         t0 = time.perf_counter()
         proc = launch.spawn(cmd, b, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=errf,
-                            stdin=subprocess.DEVNULL, journal=journal, token=token)  # a failed start leaves no record
+                            stdin=subprocess.DEVNULL, journal=journal, token=token, env=env)  # a failed start leaves no record
         try:
             v = verification.verify(proc.pid, b, allocator_wait_s=0.2)
             try:
