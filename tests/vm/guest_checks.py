@@ -474,6 +474,7 @@ def _as_nobody() -> tuple[list[str], dict]:
     home = WORK / "nobody"
     home.mkdir(exist_ok=True)
     os.chown(home, 65534, 65534)
+    os.chmod(WORK, 0o755)  # nobody reaches its HOME (and the flag files its targets watch)
     prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
     src = str(HERE.parents[1] / "src")
     check = "import subprocess, sys; subprocess.run([sys.executable, '-s', '-c', 'import tilewise.cli'], check=True)"
@@ -507,8 +508,6 @@ def check_cgroup_delegated() -> dict:
                                          capture_output=True, text=True).stderr}
     flag = WORK / "burn-delegated"
     flag.touch()
-    os.chmod(WORK, 0o755)
-    os.chmod(flag, 0o644)
     target = subprocess.Popen([*setpriv, argv[5], "-c", BURNER, "1", str(flag)],
                               stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:

@@ -563,5 +563,8 @@ def test_cgroup2_delegation_to_a_user(guests):
     assert s["enforce"] == ["cgroup-v2 in place"] and s["restored"] and not s["problems"] and not s["partial"], s
     assert s["allocations"] >= 1, s
     after = r["after"]
-    assert after["cpus"] == before["cpus"] and after["affinity"] == before["affinity"], (before, after)
-    assert after["cgroup"] == before["cgroup"] and r["journals"] == []
+    # as in place above: 6.1 refuses an empty cpuset.cpus on a group with tasks; then the parent's CPUs, said so
+    whole = f"0-{TOPOLOGIES['cgroup2'].ncpus - 1}"
+    kept = [n for n in s["notes"] if "does not let a group with tasks go back" in n]
+    assert after["cpus"] in (before["cpus"], whole) and bool(kept) == (after["cpus"] != before["cpus"]), (after, s)
+    assert after["affinity"] == before["affinity"] and after["cgroup"] == before["cgroup"] and r["journals"] == []
