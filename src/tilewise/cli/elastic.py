@@ -65,7 +65,7 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
         r = session.replay(replay_path, plot_path)
         if as_json:
             return emit_json(r.summary)
-        _report(r.summary, False, r.show_stats)
+        _report(r.summary, r.show_stats)
         if plot_path:
             console().print(f"plot: {plot_path}", markup=False)
         return
@@ -115,13 +115,10 @@ class _Reporter:
         if self.as_json:
             emit_json(summary)
         else:
-            _report(summary, self.as_json, self.show_stats)
+            _report(summary, self.show_stats)
 
 
-def _report(summary: dict, as_json: bool, show_stats: bool) -> None:
-    if as_json:
-        emit_json(summary)
-        return
+def _report(summary: dict, show_stats: bool) -> None:
     out = console()
     elastic_log.print_summary(summary, out, show_stats=show_stats)
     if summary.get("log"):
