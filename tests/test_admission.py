@@ -104,6 +104,7 @@ def test_cgroup_writes_of_a_v2_plan(tmp_path):
              str(g / "cpuset.cpus"): Access(str(g / "cpuset.cpus"), False, 0)}
     refs = admission.cgroup_refusals(USER, admission.CgroupNeeds([(w, facts[p]) for w, p in writes]))
     assert len(refs) == 1 and refs[0].owner == "root" and "may not write" in refs[0].missing
+    assert refs[0].line().startswith(f"cannot write cpuset.cpus of {g} (owned by root)")
     assert "Delegate=yes" in refs[0].way_out
     move = cgroups.V2Plan("move", str(tmp_path), [])
     assert cgroups.v2_writes(move) == [("the cgroup", str(tmp_path)), ("cgroup.procs of", str(tmp_path / "cgroup.procs"))]

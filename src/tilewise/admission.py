@@ -231,7 +231,13 @@ def write_refusal(caller: Caller, a: Access, what: str, way_out: str) -> Refusal
         missing = "root may not write it here (a container's read-only or unprivileged mount?)"
     else:
         missing = f"you ({caller.name}) may not write it"
-    return Refusal("write", what if a.path in what else f"{what} {a.path}", user_name(a.owner), missing, way_out)
+    if a.path in what:
+        target = what
+    elif what.endswith(" of"):  # "cpuset.cpus of" + the group the file belongs to
+        target = f"{what} {os.path.dirname(a.path)}"
+    else:
+        target = f"{what} {a.path}"
+    return Refusal("write", target, user_name(a.owner), missing, way_out)
 
 
 def switch_refusals(caller: Caller, files: Iterable[tuple[str, Access]]) -> list[Refusal]:

@@ -558,7 +558,7 @@ def test_cgroup2_delegation_to_a_user(guests):
     scope = r["scope"]
     err = scope["stderr"].strip()
     assert scope["rc"] == 2 and err.startswith("Error: ") and len(err.splitlines()) == 1, scope
-    assert "u.scope/cpuset.cpus" in err and "owned by root" in err and "Delegate=yes" in err, err
+    assert "cpuset.cpus of /sys/fs/cgroup/user.slice/u.scope (owned by root)" in err and "Delegate=yes" in err, err
     s = ok(r["db"])
     assert s["enforce"] == ["cgroup-v2 in place"] and s["restored"] and not s["problems"] and not s["partial"], s
     assert s["allocations"] >= 1, s
