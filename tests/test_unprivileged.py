@@ -312,3 +312,17 @@ def _ended(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_tune_black_box_and_a_failing_command_leave_no_journal(user, clean):
+    """tune without --apply-os needs nothing special; a command that cannot start fails every
+    configuration (exit 2) and leaves no journal behind for the next elastic to recite."""
+    out = user.home / "tune"
+    cp = user.run("tune", "--allocators", "system", "--mem", "first-touch", "--repeat", "1", "--out", str(out),
+                  "--json", "--", "true")
+    assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr[-2000:]
+    assert json.loads(cp.stdout)["files"]["config"] == str(out / "tuned.json")
+    cp = user.run("tune", "--allocators", "system", "--mem", "first-touch", "--repeat", "2", "--out", str(out),
+                  "--", "/nonexistent/engine")
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines()[-1].startswith("Error: every configuration failed")
+    assert user.journals() == []
