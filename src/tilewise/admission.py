@@ -41,12 +41,7 @@ from dataclasses import dataclass, field
 
 from tilewise.errors import UsageError
 
-CAP_KILL = 5
-CAP_DAC_OVERRIDE = 1
-CAP_SYS_ADMIN = 21
 CAP_SYS_NICE = 23
-CAP_NAMES = {CAP_DAC_OVERRIDE: "CAP_DAC_OVERRIDE", CAP_KILL: "CAP_KILL", CAP_SYS_ADMIN: "CAP_SYS_ADMIN",
-             CAP_SYS_NICE: "CAP_SYS_NICE"}
 PF_KTHREAD = 0x00200000
 DELEGATE_HINT = ("run as root, or on a group delegated to you: systemd-run --user -p Delegate=yes --scope CMD, "
                  "then --cgroup a child group of it (docs/elastic.md, 'Without root')")
@@ -140,11 +135,11 @@ class Refused(UsageError):
     """Admission refused: nothing was journaled or changed. Exit 2, as a request this user may
     not make (as `tune --apply-os` without root always exited)."""
 
-    def __init__(self, refusals: Sequence[Refusal], more: str = ""):
+    def __init__(self, refusals: Sequence[Refusal]):
         self.refusals = list(refusals)
         first = self.refusals[0]
         extra = f" (and {len(self.refusals) - 1} more)" if len(self.refusals) > 1 else ""
-        super().__init__(f"{first.line()}{extra}{more}; nothing was changed", first.way_out)
+        super().__init__(f"{first.line()}{extra}; nothing was changed", first.way_out)
 
 
 def check(refusals: Iterable[Refusal | None]) -> None:
