@@ -26,11 +26,7 @@ from pathlib import Path
 def rss_of(engine) -> dict[str, float]:
     import psutil
 
-    cluster = getattr(engine, "cluster", None)
-    if cluster is not None:  # JVM engines: every member (coordinator/master, workers)
-        pids = {m.label: m.pid for m in cluster.members}
-    else:  # DuckDB: its instance processes
-        pids = {f"instance {s.id}": s.pid for s in engine.status() if s.pid}
+    pids = {m.label: m.pid for m in engine.members}  # every process: coordinator/master, workers, servers
     out = {}
     for label, pid in pids.items():
         try:
@@ -45,15 +41,16 @@ def run_one(name: str, policy: str, k, dataset, ref, warm_runs: int, worker_memo
     from tilewise.benchmarks.tpch import queries as Q
 
     p = plan.plan(topology.load(None), policy, instances=k)
-    cls = engines.get(name)
-    kw = {"worker_memory": worker_memory} if worker_memory and name in ("trino", "spark") else {}
-    eng = cls(**kw)
+    spec = engines.get(name)
+    knob = spec.capabilities.memory
+    memory = {i.id: knob.parse(worker_memory) for i in p.instances} if worker_memory and knob else None
+    eng = spec.runtime_class()()
     rec = {"engine": name, "policy": policy if k is None else f"n={k}", "instances": [list(i.cpus) for i in p.instances]}
     t0 = time.monotonic()
     try:
-        eng.start(p, dataset=dataset)
+        eng.start(p, dataset=dataset, memory_mb=memory)
         rec["start_s"] = round(time.monotonic() - t0, 2)
-        if name == "trino":
+        if getattr(eng, "prepare_info", None):  # Trino: JVM start-up and preparing the data set apart
             rec["jvm_start_s"] = round(eng.start_s, 2)
             rec["prepare_s"] = round(rec["start_s"] - eng.start_s, 2)
             rec["statistics_prepared_now"] = eng.prepare_info.get("prepared")
@@ -86,15 +83,14 @@ def run_one(name: str, policy: str, k, dataset, ref, warm_runs: int, worker_memo
 def planned_not_executed(topology_src: str) -> list[dict]:
     """win and wicp on a loaded topology: the Trino nodes tilewise would start, with their settings."""
     from tilewise import nic, plan, topology
-    from tilewise.engines import procgroup
-    from tilewise.engines import trino_cluster as tc
+    from tilewise.engines.trino import cluster as tc
 
     t = topology.load(topology_src)
     mem = {n.id: n.memory_bytes for n in t.numa_nodes}
     out = []
     for pol in ("win", "wicp"):
         p = plan.plan(t, pol)
-        heap = procgroup.worker_memory_mb(p, mem)
+        heap = tc.TrinoCluster.default_memory_mb(p, mem)
         place = nic.place_coordinator(p, None, None)
         out.append({"topology": t.source, "policy": pol, "executed": False,
                     "reason": "a loaded topology can be planned, not executed, on this machine",

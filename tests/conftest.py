@@ -56,7 +56,7 @@ def _trino_missing() -> str | None:
     """Why the Trino tests cannot run here (None: they can); computed once."""
     global _TRINO_WHY
     if _TRINO_WHY is None:
-        from tilewise.engines import trino_install
+        from tilewise.engines.trino import install as trino_install
 
         _TRINO_WHY = [trino_install.missing()]
     return _TRINO_WHY[0]

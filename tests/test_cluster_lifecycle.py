@@ -16,6 +16,7 @@ import pytest
 
 from conftest import run_cli, tagged, wait_gone
 from tilewise import cpulist, plan, topology
+from tilewise.benchmarks.tpch import data as tpch_data
 
 pytestmark = pytest.mark.spark
 
@@ -36,12 +37,13 @@ def _wait_gone(value: str, timeout: float = 15.0) -> list[psutil.Process]:
     return wait_gone("TILEWISE_CLUSTER_DIR", value, timeout)
 
 
-def test_up_status_crash_down(state_env):
+def test_up_status_crash_down(state_env, tmp_path):
     d = state_env["TILEWISE_CLUSTER_DIR"]
     policy = "wic" if len(os.sched_getaffinity(0)) >= 2 else "wim"
     want = plan.plan(topology.load(None), policy)
-    cp = run_cli("up", "--engine", "spark", "--policy", policy, "--worker-memory", "1g", "--json", env=state_env,
-                 timeout=240)
+    data = tpch_data.dataset(0.01, tmp_path / "data")
+    cp = run_cli("up", "--engine", "spark", "--policy", policy, "--worker-memory", "1g", "--sf", "0.01",
+                 "--data-dir", str(data.dir.parent), "--json", env=state_env, timeout=240)
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     assert doc["healthy"] and doc["master_url"].startswith("spark://127.0.0.1:")
@@ -59,6 +61,14 @@ def test_up_status_crash_down(state_env):
     st = run_cli("status", "--json", env=state_env, timeout=60)
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["healthy"] is True
+    # tilewise query: a driver for this one query (the cluster stays free for users' applications)
+    q = run_cli("query", "--json", "SELECT count(*) AS n FROM lineitem", env=state_env, timeout=300)
+    assert q.returncode == 0, q.stderr[-2000:]
+    qd = json.loads(q.stdout)
+    assert qd["rows"] == [[60175]] and qd["columns"] == ["n"] and qd["instance"] == -1
+    assert not [p for p in _tagged(d) if "tilewise.engines.spark.driver" in " ".join(p.cmdline())]
+    bad = run_cli("query", "--instance", "0", "SELECT 1", env=state_env, timeout=60)
+    assert bad.returncode == 2 and "whole cluster" in bad.stderr
     # --join: only bound workers, registered with an existing master (here: ours, over loopback)
     j = run_cli("up", "--engine", "spark", "--policy", "wim", "--name", "extra", "--join", doc["master_url"],
                 "--worker-memory", "1g", "--json", env=state_env, timeout=240)

@@ -7,7 +7,7 @@ import pytest
 
 from tilewise import changes, cluster, dirs
 from tilewise.data import store
-from tilewise.engines import trino_install
+from tilewise.engines.trino import install as trino_install
 
 VARS = ("TILEWISE_STATE_DIR", "TILEWISE_CLUSTER_DIR", "TILEWISE_TRINO_HOME", "TILEWISE_VM_CACHE",
         "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_CACHE_HOME")

@@ -18,9 +18,9 @@ from tilewise import plan, topology
 from tilewise.benchmarks.tpch import queries
 from tilewise.data import Dataset
 from tilewise.benchmarks.tpch import data as tpch_data
-from tilewise.engines.base import ArrowRows
-from tilewise.engines.duckdb import DuckDBEngine
-from tilewise.engines.duckdb_worker import SMALL
+from tilewise.engines.contract import ArrowRows
+from tilewise.engines.duckdb.runtime import DuckDBServers as DuckDBEngine
+from tilewise.engines.duckdb.server import SMALL
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,12 @@ class Recording(LocalEngine):
 
     ran: list[list[str]] = []
 
-    def start(self, plan, *, dataset, allocator="system"):
+    def start(self, plan, *, dataset, allocator="system", **settings):
         super().start(plan, dataset=dataset, allocator=allocator)
         self.sql: list[str] = []
         Recording.ran.append(self.sql)
 
-    def run_query(self, sql, *, instance=None):
+    def run_query(self, sql, *, instance=None, timeout_s=None):
         self.sql.append(sql)
         return super().run_query(sql, instance=instance)
 

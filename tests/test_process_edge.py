@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -317,7 +318,7 @@ def test_verification_of_an_allocator_that_is_not_mapped_is_a_mismatch(tmp_path)
 def test_bench_records_a_failed_status_call_as_not_checkable():
     from tilewise import plan, topology
     from tilewise.bench import tpch
-    from tilewise.engines.base import InstanceStatus
+    from tilewise.engines.contract import InstanceStatus
 
     p = plan.plan(topology.load(None), "wim")
 
@@ -365,3 +366,25 @@ def test_a_clean_exec_leaves_no_journal(cli):
 
     assert cli("exec", "--policy", "wim", "--", "sh", "-c", "sleep 300 & exit 0").returncode == 0
     assert not list((changes.state_dir() / "journals").glob("*.json"))
+
+
+def test_a_signal_swallowed_in_a_weakref_callback_is_delivered_again():
+    """Ctrl-C landing in a callback Python may not raise from (a weakref callback run by the garbage
+    collector: "Exception ignored") is not lost: the signal comes again, outside it."""
+    code = textwrap.dedent("""
+        import time, weakref
+        from tilewise import signals
+        signals.install()
+        class T: pass
+        def callback(ref):
+            raise KeyboardInterrupt  # what the handler does when SIGINT arrives right here
+        t = T(); r = weakref.ref(t, callback); del t  # the callback runs, its exception is ignored
+        try:
+            time.sleep(5)
+        except KeyboardInterrupt:
+            print("interrupted again")
+        """)
+    t0 = time.monotonic()
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert cp.returncode == 0 and cp.stdout.strip() == "interrupted again", cp.stderr
+    assert time.monotonic() - t0 < 4 and "Exception ignored" not in cp.stderr

@@ -16,7 +16,7 @@ from tilewise.benchmarks.tpch import queries
 from tilewise.data import Dataset
 from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.engines import get
-from tilewise.engines import spark_cluster as sc
+from tilewise.engines import procgroup as sc
 from tilewise.errors import TilewiseError, UsageError
 
 pytestmark = pytest.mark.spark
@@ -34,11 +34,11 @@ def _java_with_token(token: str) -> list[psutil.Process]:
 def test_engine_binding_answer_and_killed_worker(data_dir):
     policy = "wic" if len(os.sched_getaffinity(0)) >= 2 else "wim"
     p = plan.plan(topology.load(None), policy)
-    engine = get("spark")(worker_memory="1g")
+    engine = get("spark").runtime_class()()
     token = None
     try:
-        engine.start(p, dataset=Dataset.at(data_dir))
-        token = engine.cluster.token
+        engine.start(p, dataset=Dataset.at(data_dir), memory_mb={i.id: 1024 for i in p.instances})  # --worker-memory 1g
+        token = engine.token
         statuses = engine.status()
         assert [s.id for s in statuses] == [i.id for i in p.instances]
         for s, inst in zip(statuses, p.instances):
@@ -82,4 +82,4 @@ def test_engine_binding_answer_and_killed_worker(data_dir):
 def test_engine_refuses_missing_data(tmp_path):
     p = plan.plan(topology.load(None), "wim")
     with pytest.raises(UsageError, match="no Parquet data for table"):
-        get("spark")().start(p, dataset=Dataset.at(tmp_path))
+        get("spark").runtime_class()().start(p, dataset=Dataset.at(tmp_path))

@@ -33,7 +33,7 @@ def _workers(tag: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if any("tilewise.engines.duckdb_worker" in c for c in (p.info["cmdline"] or [])) \
+            if any("tilewise.engines.duckdb.server" in c for c in (p.info["cmdline"] or [])) \
                     and p.environ().get("TILEWISE_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -43,7 +43,7 @@ def _workers(tag: str) -> list[psutil.Process]:
 
 def _is_worker(p: psutil.Process) -> bool:
     try:
-        return "tilewise.engines.duckdb_worker" in " ".join(p.cmdline())
+        return "tilewise.engines.duckdb.server" in " ".join(p.cmdline())
     except psutil.Error:  # gone, or a zombie not yet reaped (e.g. a short-lived git run)
         return False
 
@@ -118,7 +118,7 @@ def test_each_instance_bound_as_planned_read_from_proc(data_root):
 
     t = topology.load(None)
     p = plan.plan(t, "wic")
-    eng = get("duckdb")()
+    eng = get("duckdb").runtime_class()()
     with eng:
         eng.start(p, dataset=Dataset.at(data_root / "sf0.01", sf=0.01))
         sts = eng.status()

@@ -4,6 +4,7 @@ driven with an in-process engine (DuckDB connections as replicas; no processes, 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -20,7 +21,7 @@ from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.benchmarks.tpch import metrics as M
 from tilewise.benchmarks.tpch import queries as Q
 from tilewise.benchmarks.tpch import refresh as RF
-from tilewise.engines.base import Engine, InstanceStatus, QueryResult
+from tilewise.engines.contract import Capabilities, EngineSpec, InstanceStatus, QueryResult, Runtime
 from tilewise.results import model, report
 
 SF = 0.01
@@ -154,16 +155,18 @@ def test_reference_of_a_refreshed_state_and_the_undo(dataset):
 
 # ---- the harness, with an in-process engine ---------------------------------------------------------
 
-class LocalEngine(Engine):
+LOCAL = EngineSpec("local", "Local", "in-process DuckDB databases", runtime="", missing=lambda: None,
+                   version=lambda: duckdb.__version__, capabilities=Capabilities(replicas=True, refresh=True))
+
+
+class LocalEngine(Runtime):
     """Replicas as in-process DuckDB databases: the harness's scheduling, refresh and validation
     without worker processes. skip_refresh_on: instance ids that silently do not apply refreshes."""
 
-    name = "local"
-    replicas = True
-    supports_refresh = True
+    spec = LOCAL
     skip_refresh_on: tuple[int, ...] = ()
 
-    def start(self, plan, *, dataset, allocator="system"):
+    def start(self, plan, *, dataset, allocator="system", **settings):
         self.plan, self.dataset = plan, dataset
         self.dbs = {}
         for inst in plan.instances:
@@ -174,7 +177,7 @@ class LocalEngine(Engine):
         self.inflight = {i: 0 for i in self.dbs}
         self.lock = threading.Lock()
 
-    def run_query(self, sql, *, instance=None):
+    def run_query(self, sql, *, instance=None, timeout_s=None):
         with self.lock:
             i = instance if instance is not None else min(self.inflight, key=lambda k: (self.inflight[k], k))
             self.inflight[i] += 1
@@ -262,7 +265,7 @@ def test_a_replica_that_misses_a_refresh_is_a_wrong_answer(dataset, tmp_path):
 
 def test_without_refresh_functions_the_results_say_so(dataset, tmp_path):
     class ReadOnly(LocalEngine):
-        supports_refresh = False
+        spec = dataclasses.replace(LOCAL, capabilities=Capabilities(replicas=True, refresh=False))
 
     doc = tpch.run(_cfg(dataset, tmp_path, refresh=None, runs=1), Steps(), engine_cls=ReadOnly)
     assert doc["refresh"]["applied"] is False and "cannot write" in doc["refresh"]["reason"]

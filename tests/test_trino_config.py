@@ -12,8 +12,8 @@ import pytest
 from tilewise import plan, topology
 from tilewise.data import TABLES, Dataset
 from tilewise.engines import procgroup
-from tilewise.engines import trino_cluster as tc
-from tilewise.engines import trino_hive as th
+from tilewise.engines.trino import cluster as tc
+from tilewise.engines.trino import hive as th
 from tilewise.errors import TilewiseError, UsageError
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tilewise.engines import trino_install as ti
+from tilewise.engines.trino import install as ti
 
 
 def _tarball(top: str = "trino-server-999", extra: str | None = None) -> bytes:

@@ -1,7 +1,7 @@
 """Long-running clusters (`tilewise up/status/down`): start, record, inspect, stop.
 
-A cluster of any engine (spark, trino, duckdb: cluster.BACKENDS, each a procgroup.ProcessCluster)
-is recorded in a versioned JSON state file, ``<state dir>/<name>.json``, written atomically (temp
+A cluster of any engine (its runtime: the engine's engines.procgroup.ProcessCluster subclass, found
+through the engine registry) is recorded in a versioned JSON state file, ``<state dir>/<name>.json``, written atomically (temp
 file, fsync, rename) BEFORE any process starts and again after each one, so a crash or Ctrl-C in
 the middle of `up` can always be cleaned up by `down`: every process carries the cluster's token in
 its environment and `down` stops whatever still carries it. While `up` runs, each started process
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import importlib
 import json
 import re
 import shutil
@@ -25,32 +24,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise.fsutil import atomic_write_json
-from tilewise import __version__, changes, dirs
+from tilewise import __version__, changes, dirs, engines
 from tilewise.engines import procgroup
 from tilewise.engines.procgroup import ProcessCluster
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.fsutil import atomic_write_json
 from tilewise.plan import Plan
 
 FORMAT = "tilewise-cluster/2"
 OLD_FORMATS = ("tilewise-cluster/1",)  # upgraded on load (Spark only; master_url became endpoint)
-# engine -> the ProcessCluster subclass that starts, inspects and stops its processes
-BACKENDS = {
-    "spark": "tilewise.engines.spark_cluster:SparkCluster",
-    "trino": "tilewise.engines.trino_cluster:TrinoCluster",
-    "duckdb": "tilewise.engines.duckdb_server:DuckDBServers",
-}
-ENGINES_UP = tuple(BACKENDS)
-JOINABLE = ("spark", "trino")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def backend(engine: str) -> type[ProcessCluster]:
-    target = BACKENDS.get((engine or "").lower())
-    if target is None:
-        raise UsageError(f"unknown engine {engine!r}", f"choose one of {', '.join(BACKENDS)}")
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    """The runtime class of a registered engine (what starts, inspects, queries and stops it)."""
+    return engines.get(engine).runtime_class()
 
 
 def state_dir() -> Path:
@@ -106,9 +94,10 @@ class ClusterState:
             raise TilewiseError(f"{path} is damaged ({e})", "remove it after checking no process is left") from None
 
     def cluster(self) -> ProcessCluster:
+        """The engine's runtime, rebuilt from this record (detached: it drives, it does not own)."""
         members = [procgroup.Member.from_json(m) for m in self.members]
         return backend(self.engine)(Path(self.root), self.token, host=self.host, detach=True, members=members,
-                                    endpoint=self.endpoint)
+                                    endpoint=self.endpoint, data=self.data, joined=self.joined)
 
 
 def state_path(name: str) -> Path:
@@ -190,17 +179,20 @@ def detect_host(address: str) -> str:
                          "check the address, or pass --host ADDR") from None
 
 
-def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: dict[int, int],
-       join: str | None = None, host: str | None = None, dataset=None, log=None, placement=None,
+def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: dict[int, int] | None = None,
+       join: str | None = None, host: str | None = None, dataset=None, log=None,
        coordinator_mb: int | None = None) -> ClusterState:
     """Start a detached, bound cluster (or, with join, only workers for a coordinator elsewhere) and
     record it. On any failure or interrupt: stop all, remove."""
-    engine = (engine or "").lower()
-    cls = backend(engine)
-    if join and engine not in JOINABLE:
+    spec = engines.get(engine)
+    engine = spec.name
+    if join and not spec.capabilities.join:
         raise UsageError(f"{engine} workers cannot join a cluster on another host",
-                         f"join works for {', '.join(JOINABLE)}")
-    cls.check_installed()
+                         f"join works for {', '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")
+    why = spec.missing()
+    if why:
+        raise TilewiseError(f"{spec.title} cannot run here: {why}")
+    cls = spec.runtime_class()
     h = host or (detect_host(join) if join else "127.0.0.1")
     with locked(name):
         old = load(name)
@@ -214,75 +206,37 @@ def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: 
             remove(old)
         root = state_dir() / name
         shutil.rmtree(root, ignore_errors=True)
-        data = _data_doc(engine, dataset)
         st = ClusterState(name, engine, procgroup.new_token(), "starting", time.time(), str(root), plan.to_json(), h,
-                          endpoint=None, joined=bool(join), data=data)
+                          endpoint=None, joined=bool(join), data=procgroup.data_doc(dataset))
         save(st)  # recorded before anything starts: `down` can always clean up
         cl = cls(root, st.token, host=h, detach=True)
-        # every started process is also journaled in a change session: if `up` itself is killed half
-        # way, `tilewise restore` stops what it had started; on success the session is committed
+        # every process is journaled in a change session before it starts: if `up` itself is killed
+        # half way, `tilewise restore` stops what it had started; on success the session is committed
         # (the cluster stays on purpose; `down` stops it from the state file)
-        sess = changes.Session(f"up {name}")
-        journaled: set[int] = set()
+        cl.journal = changes.Session(f"up {name}")
 
         def record(c: ProcessCluster) -> None:
-            for m in c.members:
-                if m.start is not None and m.pid not in journaled:
-                    sess.record(changes.StartedProcess(m.pid, m.start, m.token, name=f"{engine} {m.label}"),
-                                "state", "stopped", "running")
-                    journaled.add(m.pid)
             st.members = [m.to_json() for m in c.members]
             st.endpoint = c.endpoint
-            pl = getattr(c, "placement", None)
-            st.placement = pl.to_json() if pl is not None else {}
+            st.placement = c.placement.to_json() if c.placement is not None else {}
+            st.data = dict(c.data) or st.data
             save(st)
 
         cl.on_change = record
         try:
-            kwargs = {}
-            if engine == "trino":
-                kwargs = _trino_kwargs(st, cl, dataset, placement, coordinator_mb)
-            cl.start(plan, memory_mb=worker_memory_mb, allocator=allocator, join=join,
-                     dataset=dataset, log=log, **kwargs)
-            if engine == "trino" and dataset is not None and not join:
-                from tilewise.engines import trino_hive, trino_install
-
-                info = trino_hive.Warehouse(dataset, fallback_dir=root).prepare(
-                    lambda sql: cl.query(sql), trino_install.version(), log=log)
-                st.data["statistics_cached"] = info["cached"]
+            cl.start(plan, dataset=dataset, allocator=allocator, memory_mb=worker_memory_mb, coordinator_mb=coordinator_mb,
+                     join=join, log=log)
             st.state = "running"
             record(cl)
-            sess.commit()
+            cl.journal.commit()
             return st
         except BaseException:
             try:
                 cl.stop()
             finally:
                 remove(st)
-                sess.close()  # what cl.stop() reached is already stopped: this checks and releases
+                cl.journal.close()  # what cl.stop() reached is already stopped: this checks and releases
             raise
-
-
-def _data_doc(engine: str, dataset) -> dict:
-    if dataset is None:
-        return {}
-    doc = {"label": dataset.label, **dataset.to_json(), "tables": {k: str(v) for k, v in dataset.tables.items()}}
-    if engine == "trino":
-        from tilewise.engines import trino_hive
-
-        doc["schema"] = trino_hive.schema_name(dataset)
-        doc["catalog"] = trino_hive.CATALOG
-    return doc
-
-
-def _trino_kwargs(st: ClusterState, cl, dataset, placement, coordinator_mb) -> dict:
-    from tilewise.engines import trino_hive
-
-    kw: dict = {"placement": placement, "coordinator_mb": coordinator_mb}
-    if dataset is not None:
-        wh = trino_hive.Warehouse(dataset, fallback_dir=Path(st.root))
-        kw["catalog"] = trino_hive.catalog_properties(wh.metastore)
-    return kw
 
 
 def status(st: ClusterState) -> dict:
@@ -301,11 +255,12 @@ def status(st: ClusterState) -> dict:
         if not m["healthy"] or m["binding_verified"] is False:
             who = m["role"] if m["instance"] is None else f"{m['role']} {m['instance']}"
             problems.append(f"{who} (pid {m['pid']}): {m['detail'] or 'binding does not match the plan'}")
-    return {"name": st.name, "engine": st.engine, "state": st.state, "endpoint": st.endpoint,
-            "master_url": st.endpoint if st.engine == "spark" else None,
-            "joined": st.joined, "policy": st.plan.get("policy"), "created": st.created, "healthy": healthy,
-            "problems": problems, "members": members, "data": st.data, "placement": st.placement,
-            "state_file": str(state_path(st.name))}
+    doc = {"name": st.name, "engine": st.engine, "state": st.state, "endpoint": st.endpoint, "master_url": None,
+           "joined": st.joined, "policy": st.plan.get("policy"), "created": st.created, "healthy": healthy,
+           "problems": problems, "members": members, "data": st.data, "placement": st.placement,
+           "state_file": str(state_path(st.name))}
+    doc.update(cl.status_fields())  # the engine's own: Spark's master_url
+    return doc
 
 
 def down(st: ClusterState) -> dict:
@@ -320,17 +275,8 @@ def down(st: ClusterState) -> dict:
 def query(st: ClusterState, sql: str, *, instance: int | None = None, timeout_s: float | None = None):
     """Run one SQL statement on a running cluster: (columns, rows, elapsed_s, instance)."""
     cl = st.cluster()
-    if st.engine == "duckdb":
-        r = cl.query(sql, instance=instance, timeout_s=timeout_s)
-        return r.columns, r.rows, r.elapsed_s, r.instance
-    if st.engine == "trino":
-        if instance is not None:
-            raise UsageError("Trino runs every query on the whole cluster", "drop --instance")
-        if st.joined:
-            raise UsageError("this cluster only holds workers that joined a coordinator elsewhere",
-                             "query the coordinator's cluster (on the host that ran `tilewise up`)")
-        cols, rows, elapsed = cl.query(sql, catalog=st.data.get("catalog"), schema=st.data.get("schema"),
-                                       timeout_s=timeout_s)
-        return cols, rows, elapsed, -1
-    raise UsageError(f"`tilewise query` does not drive {st.engine} clusters",
-                     "submit Spark jobs with pyspark (tilewise up prints how)")
+    try:
+        r = cl.run_query(sql, instance=instance, timeout_s=timeout_s)
+    finally:
+        cl.close()
+    return r.columns, r.rows, r.elapsed_s, r.instance

@@ -13,7 +13,9 @@ Python runs signal handlers in the main thread only, so one handler decides for 
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -60,8 +62,28 @@ def handler(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
 
 def install() -> None:
     """Make SIGINT/SIGTERM/SIGHUP raise (the CLI does this at start; main thread only)."""
+    global _previous_unraisable
     for s in HANDLED:
         signal.signal(s, handler)
+    if sys.unraisablehook is not _unraisable:
+        _previous_unraisable, sys.unraisablehook = sys.unraisablehook, _unraisable
+
+
+_previous_unraisable = sys.unraisablehook
+
+
+def _unraisable(u) -> None:
+    """A signal's exception raised where Python cannot raise one (a weakref callback or __del__
+    run by the garbage collector: Python prints "Exception ignored" and goes on) would be lost, and
+    a Ctrl-C with it. Deliver the signal again, a moment later, from outside that place."""
+    exc = u.exc_value
+    if isinstance(exc, (KeyboardInterrupt, Terminated)):
+        signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+        timer = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    _previous_unraisable(u)
 
 
 def ignore() -> None:

@@ -4,9 +4,9 @@ A round is two passes over the same data, the same SQL in the same order and the
 the same thread count), each in a fresh process:
 
 - plain: ``python -m tilewise.bench.plain_duckdb`` (no tilewise in the loop);
-- tilewise: ``tilewise bench tpch --policies wim --streams 1`` (a single power-style stream; no
-  refresh functions, which the plain pass does not run), through the whole harness: plan, bound
-  worker, validation.
+- tilewise: ``tilewise bench tpch --engine duckdb --policies wim --streams 1`` (a single
+  power-style stream; no refresh functions, which the plain pass does not run), through the whole
+  harness: plan, the DuckDB runtime's bound server, validation.
 
 Each pass does a warm-up and R timed runs; its figure is the median of its runs' wall times (one
 run = every query once). Passes alternate ABBA (plain first in even rounds, tilewise first in odd
@@ -24,7 +24,7 @@ the queries: per run, wall time minus the sum of the per-query times, which is w
 --tilewise-src DIR runs the tilewise pass from another source tree (PYTHONPATH), e.g. an older
 commit exported with ``git archive``, to measure the harness before a change with the same plain
 baseline; --plain-fetch rows makes the plain pass fetch with fetchall() as older workers did (by
-default it fetches exactly as the current worker does: duckdb_worker.fetch_answer).
+default it fetches exactly as the current server does: engines.duckdb.server.fetch_answer).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilewise.engines.duckdb import SPEC as DUCKDB
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import stats
 
@@ -230,10 +231,11 @@ def run(cfg: Config, rep: Reporter | None = None) -> dict:
     sql = json.loads(_run([sys.executable, "-c", _SQL_SNIPPET, json.dumps(cfg.queries)], tw_env, 60, "listing the SQL"))
     sql_file = out / "queries.json"
     atomic_write_json(sql_file, sql)
-    doc = model.new("overhead", topo=topo, engines={"duckdb": _duckdb_version()}, params={
+    doc = model.new("overhead", topo=topo, engines={DUCKDB.name: _duckdb_version()}, params={
         "sf": cfg.sf, "rounds": cfg.rounds, "runs": cfg.runs, "queries": [q["query"] for q in sql], "order": cfg.order,
         "seed": cfg.seed, "cpus": cpus, "plain_fetch": cfg.plain_fetch, "tilewise_src": cfg.tilewise_src,
-        "tilewise_flags": ["--policies", "wim", "--streams", "1", *flags], "schedule": [list(o) for o in order]})
+        "tilewise_flags": ["--engine", DUCKDB.name, "--policies", "wim", "--streams", "1", *flags],
+        "schedule": [list(o) for o in order]})
     doc["rounds"] = []
     doc["summary"] = {}
     try:
@@ -251,7 +253,8 @@ def run(cfg: Config, rep: Reporter | None = None) -> dict:
                         "threads": raw["threads"], "run_cpu_s": raw["run_cpu_s"], "load_s": raw["load_s"]}
                 else:
                     pdir = out / "passes" / f"round{i:02d}-tilewise"
-                    _run([sys.executable, "-m", "tilewise", "bench", "tpch", "--policies", "wim", "--streams", "1",
+                    _run([sys.executable, "-m", "tilewise", "bench", "tpch", "--engine", DUCKDB.name,
+                          "--policies", "wim", "--streams", "1",
                           *flags, "--runs", str(cfg.runs), "--sf", f"{cfg.sf:g}",
                           "--queries", ",".join(str(q["query"]) for q in sql), "--data-dir", str(dataset.dir.parent),
                           "--out", str(pdir), "--no-plots", "--json"], tw_env, cfg.timeout_s, f"round {i} tilewise pass")
@@ -281,9 +284,4 @@ def _check_threads(doc: dict) -> None:
 
 
 def _duckdb_version() -> str:
-    try:
-        import duckdb
-
-        return duckdb.__version__
-    except ImportError:  # pragma: no cover
-        return "missing"
+    return "missing" if DUCKDB.missing() else DUCKDB.version()

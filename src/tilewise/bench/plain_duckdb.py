@@ -1,8 +1,8 @@
 """Plain DuckDB TPC-H, no tilewise in the loop: the baseline of the harness-overhead measurement.
 
 Same data (the Parquet set tilewise caches), same SQL, same work per query as a tilewise DuckDB
-worker (engines/duckdb_worker.py): tables loaded into memory with CREATE TABLE AS from Parquet,
-threads = CPUs allowed, then per query the worker's own timed region (duckdb_worker.fetch_answer:
+server (engines/duckdb/server.py): tables loaded into memory with CREATE TABLE AS from Parquet,
+threads = CPUs allowed, then per query the server's own timed region (engines.duckdb.server.fetch_answer:
 execute, the first rows as tuples, a large answer's rest as Arrow), or with --fetch rows execute +
 fetchall (what workers did before; use it to measure an older tilewise). One warm-up pass, then
 --runs timed passes.
@@ -72,16 +72,12 @@ def run(a: argparse.Namespace) -> dict:
     qs = queries(a.sql)
     import duckdb
 
-    from tilewise.engines.duckdb_worker import fetch_answer
+    from tilewise.engines.duckdb.server import connect, fetch_answer, load_tables
 
     threads = len(os.sched_getaffinity(0))
-    con = duckdb.connect(":memory:")
-    con.execute(f"SET threads = {threads}")
-    con.execute("SET arrow_lossless_conversion = true")  # as the worker exports answers
+    con = connect(threads)  # as a server sets up its database (threads, lossless Arrow export)
     t0 = time.perf_counter()
-    for t in TABLES:
-        quoted = str(data / f"{t}.parquet").replace("'", "''")
-        con.execute(f"CREATE TABLE {t} AS SELECT * FROM read_parquet('{quoted}')")
+    load_tables(con, {t: str(data / f"{t}.parquet") for t in TABLES})
     load_s = time.perf_counter() - t0
     per_q: dict[int, list[float]] = {n: [] for n, _ in qs}
     warm: dict[int, float] = {}

@@ -14,11 +14,12 @@ names below; other benchmarks name their figures themselves):
   time and gives Throughput@Size.
 
 QphH@Size is the geometric mean of the two. The refresh functions run where the benchmark has them
-and the engine can write (Engine.supports_refresh; DuckDB applies them to every replica); elsewhere
-the results say "without refresh functions". Every answer is checked against a reference computed on exactly the
+and the engine can write (its spec's capabilities.refresh; a replica engine applies them to every
+replica); elsewhere the results say "without refresh functions". Every answer is checked against a reference computed on exactly the
 data state the query saw (see `States`); after a run, the refresh functions are undone (outside
 the timed region) so every run and every policy starts from the loaded data and measures the same
-work. Drives any engine through the registry (tilewise.engines.get).
+work. Drives any engine through the registry (tilewise.engines.get) the same way: its spec says
+what it can do (capabilities, as data), its runtime runs the deployment.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import benchmarks, changes, cpulist, topology
+from tilewise import benchmarks, changes, cpulist, engines, topology
 from tilewise.bench import far_memory
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
 from tilewise.binding import ensure_runnable, set_interleave_weights
 from tilewise.data.refresh import DataState, RefreshSet
+from tilewise.engines.contract import EngineSpec, Query
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model as M
 from tilewise.results import stats
@@ -51,7 +53,7 @@ class WrongAnswer(TilewiseError):
 
 @dataclass
 class Config:
-    engine: str = "duckdb"
+    engine: str = engines.DEFAULT_BENCH
     sf: float = 1.0
     policies: list[str] | str = field(default_factory=lambda: ["wim", "wic"])
     streams: int | None = None  # None: the benchmark's minimum for the SF, and >= instances on replica engines
@@ -73,7 +75,7 @@ class Config:
     seed: int = 0  # seed of drawn query parameters (each stream draws its own from it)
     data_seed: int = 0  # seed of the data generator, where it takes one
     inject_wrong: tuple[QueryId, ...] = ()  # test hook: corrupt these queries' answers before validation
-    worker_memory: str | None = None  # JVM engines (spark, trino): memory per worker, e.g. 2g
+    worker_memory: str | None = None  # the engine's memory knob per worker (its spec's capabilities.memory), e.g. 2g
     mem_variants: tuple[str, ...] = ()  # the far-memory study: near, far, interleave, weighted (bench.far_memory)
 
 
@@ -175,9 +177,10 @@ def make_plans(cfg: Config, topo) -> list[tuple[str, object]]:
     return plans
 
 
-def check_config(cfg: Config):
-    """Everything that can be checked before anything is started; returns (engine class, topology, plans)."""
-    from tilewise import allocators, engines
+def check_config(cfg: Config, engine: EngineSpec | None = None):
+    """Everything that can be checked before anything is started; returns (engine spec, topology, plans).
+    engine: the engine's spec when not the registry's (cfg.engine)."""
+    from tilewise import allocators
 
     spec = benchmarks.get(cfg.benchmark)
     cfg.sf = spec.data.check_sf(cfg.sf)
@@ -192,16 +195,15 @@ def check_config(cfg: Config):
     if cfg.runs < 1:
         raise UsageError(f"--runs must be >= 1, got {cfg.runs}")
     cfg.tests = parse_tests(cfg.tests)
+    engine = engine or engines.get(cfg.engine)
     if cfg.worker_memory:
-        if cfg.engine not in ("spark", "trino"):
-            raise UsageError(f"--worker-memory sizes JVM workers; {cfg.engine} has none", "drop it")
-        from tilewise.engines.procgroup import parse_size_mb
-
-        parse_size_mb(cfg.worker_memory)
-    engine_cls = engines.get(cfg.engine)
+        if engine.capabilities.memory is None:
+            raise UsageError(f"--worker-memory sizes an engine's workers; {engine.name} has no memory setting",
+                             "drop it")
+        engine.capabilities.memory.parse(cfg.worker_memory)
     if cfg.refresh and spec.refresh is None:
         raise UsageError(f"{spec.title} has no refresh functions here", "drop --refresh")
-    if cfg.refresh and not getattr(engine_cls, "supports_refresh", False):
+    if cfg.refresh and not engine.capabilities.refresh:
         raise UsageError(f"the {cfg.engine} engine cannot apply the refresh functions (it does not write its tables)",
                          "drop --refresh; the results then say 'without refresh functions'")
     if cfg.allocator != "system" and not allocators.find_library(cfg.allocator):
@@ -212,11 +214,11 @@ def check_config(cfg: Config):
     live_fp = topology.load(None).fingerprint() if cfg.topology_src else None
     for _, p in plans:
         ensure_runnable(p, live_fp)
-    return engine_cls, topo, plans
+    return engine, topo, plans
 
 
 def memory_warning(dataset, plans) -> str | None:
-    """Each DuckDB instance holds its own copy of the tables: warn when the copies may not fit."""
+    """On a replica engine each instance holds its own copy of the tables: warn when the copies may not fit."""
     try:
         parquet = dataset.parquet_bytes()
         with open("/proc/meminfo") as f:
@@ -238,26 +240,12 @@ def _validation_rules() -> str:
     return RULES
 
 
-def engine_options(cfg: Config) -> dict:
-    """Constructor arguments for the engine adapter from the harness configuration."""
-    if cfg.worker_memory and cfg.engine in ("spark", "trino"):
-        return {"worker_memory": cfg.worker_memory}
-    return {}
-
-
-def _engine_version(engine_cls) -> str:
-    """An engine module's engine_version(), else a class attribute `version`, else "unknown"."""
-    import importlib
-
-    mod = importlib.import_module(engine_cls.__module__)
-    fn = getattr(mod, "engine_version", None)
-    try:
-        if fn:
-            return str(fn())
-    except Exception:
-        pass
-    v = getattr(engine_cls, "version", None)
-    return v if isinstance(v, str) else "unknown"
+def memory_mb(cfg: Config, engine: EngineSpec, p) -> dict[int, int] | None:
+    """--worker-memory for every instance of plan p, else None: the engine's own default here."""
+    if not cfg.worker_memory:
+        return None
+    mb = engine.capabilities.memory.parse(cfg.worker_memory)
+    return {i.id: mb for i in p.instances}
 
 
 # ---- the data states and their references ------------------------------------------------------
@@ -354,30 +342,42 @@ class _Ctx:
     stream_fns: list[int]  # indexes of the refresh stream's functions
     queries: QuerySet  # the SQL of query n in stream s (0 = the power test)
     spec: Benchmark
+    engine: EngineSpec | None = None  # its dialect hook gives the text the engine runs
+    _engine_sql: dict = field(default_factory=dict)
+
+    def engine_sql(self, n: QueryId, stream: int) -> str:
+        """The text the engine runs for query n of a stream (its dialect applied; computed once)."""
+        key = (n, stream)
+        if key not in self._engine_sql:
+            text = self.queries.sql(n, stream)
+            q = Query(self.cfg.benchmark, n, stream, self.queries.key(n, stream))
+            self._engine_sql[key] = self.engine.sql(text, q) if self.engine is not None else text
+        return self._engine_sql[key]
 
 
 def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], float] = time.perf_counter,
         engine_cls=None) -> dict:
     """Run the benchmark; returns results.json's document (also written to cfg.out after each run).
     Raises WrongAnswer after writing everything when any answer was wrong. engine_cls replaces the
-    registry's engine (tests drive the scheduling and validation logic with an in-process engine)."""
+    registry's engine runtime (tests drive the scheduling and validation logic with an in-process
+    engine); its spec (engine_cls.spec) says what it can do."""
     from tilewise.environment import system_check
 
     rep = reporter or Reporter()
-    registered, topo, plans = check_config(cfg)
+    engine, topo, plans = check_config(cfg, engine_cls.spec if engine_cls is not None else None)
     spec = benchmarks.get(cfg.benchmark)
-    engine_cls = engine_cls or registered
-    replicas = bool(getattr(engine_cls, "replicas", False))
+    engine_cls = engine_cls or engine.runtime_class()
+    replicas = engine.capabilities.replicas
     streams = cfg.streams or default_streams(spec.metrics.min_streams(cfg.sf), replicas, plans)
     writer = Writer(cfg.out, plots=cfg.plots)  # a bad --out fails before anything starts
     dataset = spec.dataset(cfg.sf, cfg.data_dir, seed=cfg.data_seed if spec.data.seeded else None, log=rep.message)
     qset = spec.query_set(cfg.params, seed=cfg.seed, sf=cfg.sf)
-    version = _engine_version(engine_cls)
-    if cfg.engine == "duckdb":
+    version = engine.version()
+    if replicas:
         warn = memory_warning(dataset, plans)
         if warn:
             rep.message(warn)
-    supports = bool(getattr(engine_cls, "supports_refresh", False))
+    supports = engine.capabilities.refresh
     refresh_on = (supports and spec.refresh is not None) if cfg.refresh is None else bool(cfg.refresh)
     check = system_check(numa_nodes=len(topo.cpu_nodes))
     for w in check["warnings"]:
@@ -421,7 +421,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     doc["notes"] += spec.metrics.notes(queries=len(cfg.queries), total_queries=len(spec.catalog.ids),
                                        refresh_reason=why)
     states = States(dataset, schedule, validate=cfg.validate, loaded=spec.refresh.loaded() if refresh_on else None)
-    ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns, qset, spec)
+    ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns, qset, spec, engine)
     stream_ids = ([0] if "power" in cfg.tests else []) + (list(range(1, streams + 1)) if "throughput" in cfg.tests else [])
     drawn = qset.describe(stream_ids, cfg.queries)
     if drawn:  # drawn parameters (JCC-H): what every stream runs, as the benchmark's generator would log them
@@ -504,7 +504,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
     nq = len(cfg.queries)
     per_run = (nq if "power" in cfg.tests else 0) + (ctx.streams * nq if "throughput" in cfg.tests else 0)
     rep.start_policy(label, (int(cfg.warmup) + cfg.runs) * per_run)
-    engine = engine_cls(**engine_options(cfg))
+    engine = engine_cls()
     times: dict[QueryId, list[float]] = {n: [] for n in cfg.queries}
     warm: dict[QueryId, list[float]] = {n: [] for n in cfg.queries}
     rows_of: dict[QueryId, int] = {}
@@ -514,7 +514,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
                     f"({', '.join(cpulist.format(i.cpus) for i in p.instances[:8])}"
                     f"{', ...' if len(p.instances) > 8 else ''})")
         t0 = ctx.clock()
-        engine.start(p, dataset=dataset, allocator=cfg.allocator)
+        engine.start(p, dataset=dataset, allocator=cfg.allocator, memory_mb=memory_mb(cfg, ctx.engine, p))
         rec["start_s"] = ctx.clock() - t0
         rec["instances"] = _instances(engine, p)
         bad = [i for i in rec["instances"] if i.get("binding_verified") is False]
@@ -606,7 +606,7 @@ def _refresh_keys(ctx: _Ctx) -> list[str]:
 
 def _ask(engine, ctx: _Ctx, n: QueryId, stream: int, answers: list[Answer], lock=None) -> float:
     lo = ctx.states.bounds()
-    res = engine.run_query(ctx.queries.sql(n, stream))
+    res = engine.run_query(ctx.engine_sql(n, stream))
     hi = ctx.states.upper()
     a = Answer(n, stream, res.rows, res.instance, lo, hi)
     if lock is None:
@@ -704,13 +704,14 @@ VERDICT = {True: "verified", False: "mismatch", None: "not checkable"}
 
 
 def _instances(engine, p) -> list[dict]:
+    """Per instance: as planned, its binding read back (engine.status()), and the engine's settings
+    as it reports them (engine.info(): threads, memory, load time)."""
     out = []
     try:
         statuses = {s.id: s for s in engine.status()}
         failed = ""
     except Exception as e:  # noqa: BLE001 - recorded as "not checkable", never skipped silently
         statuses, failed = {}, f"the engine's status call failed: {str(e) or type(e).__name__}"
-    load_s = getattr(engine, "load_s", {}) or {}
     for inst in p.instances:
         d = _planned(inst)
         s = statuses.get(inst.id)
@@ -722,13 +723,12 @@ def _instances(engine, p) -> list[dict]:
         else:
             d.update({"binding_verified": None, "verification": VERDICT[None],
                       "detail": failed or "the engine reported no status for this instance"})
-        if inst.id in load_s:
-            d["load_s"] = load_s[inst.id]
-        info = getattr(engine, "info", None)
-        if info is not None:
-            try:
-                d["threads"] = info(inst.id).get("threads")
-            except Exception:
-                pass
+        try:
+            info = engine.info(inst.id) or {}
+        except Exception:  # noqa: BLE001 - settings are recorded when the engine gives them
+            info = {}
+        for k in ("load_s", "threads", "memory_mb"):
+            if info.get(k) is not None:
+                d[k] = info[k]
         out.append(d)
     return out

@@ -1,16 +1,23 @@
-"""`tilewise bench elastic`: TPC-H Q6 / mixed clients on DuckDB, with and without the elastic allocator."""
+"""`tilewise bench elastic`: TPC-H Q6 / mixed clients on one engine process (DuckDB by default), with and
+without the elastic allocator."""
 
 from __future__ import annotations
 
 import click
 
+from tilewise import engines
 from tilewise.cli.common import AT_LEAST_1, PERCENT, SECONDS, SEED, console, emit_json, json_option, topology_option
+from tilewise.cli.engines import EngineChoice
 from tilewise.errors import UsageError
 
 
 @click.command("elastic")
+@click.option("--engine", "-e", default=engines.DEFAULT_BENCH, show_default=True,
+              type=EngineChoice(lambda s: s.capabilities.replicas),
+              help="The DBMS process (engines whose instances are single processes, replicas).")
 @click.option("--sf", default="0.1", show_default=True, help="TPC-H scale factor.")
-@click.option("--clients", "-c", type=AT_LEAST_1, default=4, show_default=True, help="Concurrent clients (threads in the DuckDB process).")
+@click.option("--clients", "-c", type=AT_LEAST_1, default=4, show_default=True,
+              help="Concurrent clients (threads of tilewise querying the engine process).")
 @click.option("--duration", type=SECONDS, default=10.0, show_default=True, help="Seconds each case runs its clients.")
 @click.option("--workloads", default="q6,mixed", show_default=True, help="q6 (every client loops Q6), mixed (random of the 22).")
 @click.option("--configs", default="os,dense,sparse,adaptive", show_default=True,
@@ -27,10 +34,10 @@ from tilewise.errors import UsageError
 @click.option("--no-plot", is_flag=True, help="Skip elastic.png.")
 @topology_option
 @json_option
-def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, th_max, data_dir, out_dir, seed,
-                  no_plot, topology_src, as_json):
-    """N clients on one DuckDB process: throughput, latency, CPU-seconds and cores over time,
-    without the allocator (os) and with it (dense, sparse, adaptive).
+def bench_elastic(engine, sf, clients, duration, workloads, configs, interval, th_min, th_max, data_dir, out_dir,
+                  seed, no_plot, topology_src, as_json):
+    """N clients on one engine process (DuckDB by default): throughput, latency, CPU-seconds and
+    cores over time, without the allocator (os) and with it (dense, sparse, adaptive).
 
     \b
     tilewise bench elastic --sf 0.1 --clients 4 --duration 10
@@ -44,6 +51,10 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
 
     if th_min >= th_max:
         raise UsageError(f"--th-min must be below --th-max (got {th_min:g}, {th_max:g})")
+    spec = engines.get(engine)
+    why = spec.missing()
+    if why:
+        raise UsageError(f"{spec.title} cannot run here: {why}")
     wl = ex.check_choice(workloads, ex.WORKLOADS, "workload")
     cf = ex.check_choice(configs, ex.CONFIGS, "config")
     sf_v = tpch_data.check_sf(sf)
@@ -55,10 +66,10 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
     say = console(stderr=True)
     data = tpch_data.ensure_data(sf_v, data_dir)
     threads = len(__import__("os").sched_getaffinity(0))
-    params = {"sf": sf_v, "clients": clients, "duration_s": duration, "interval_s": interval,
+    params = {"engine": spec.name, "sf": sf_v, "clients": clients, "duration_s": duration, "interval_s": interval,
               "th_min": th_min, "th_max": th_max, "duckdb_threads": threads, "seed": seed,
               "workloads": wl, "configs": cf}
-    doc = model.new("elastic", topo=t, engines={"duckdb": _duckdb_version()}, allocator="system",
+    doc = model.new("elastic", topo=t, engines={spec.name: spec.version()}, allocator="system",
                     system_check=system_check(numa_nodes=len(t.cpu_nodes)), params=params)
     doc.update({"notes": _notes(t), "cases": []})
     try:
@@ -69,7 +80,7 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
                     say.print(f"{w} / {c}: {clients} clients for {duration:g} s ...", markup=False)
                 case = ex.run_case(config=c, workload=w, tables=tables, queries=queries, clients=clients,
                                    duration=duration, interval=interval, topo=t, th_min=th_min, th_max=th_max,
-                                   threads=threads, log_path=out / "logs" / f"{w}-{c}.jsonl", seed=seed)
+                                   threads=threads, log_path=out / "logs" / f"{w}-{c}.jsonl", seed=seed, spec=spec)
                 doc["cases"].append(case)
                 writer.write(doc)  # a late failure loses nothing
     except BaseException as e:
@@ -86,15 +97,6 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
     report.render(doc, c)
     c.print(f"results: {out / 'results.json'}" + (f", plot: {doc['plots'][0]}" if doc.get("plots") else "")
             + f", daemon logs: {out / 'logs'}", markup=False)
-
-
-def _duckdb_version() -> str:
-    try:
-        import duckdb
-
-        return duckdb.__version__
-    except ImportError:  # pragma: no cover
-        return "missing"
 
 
 def _notes(t) -> list[str]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import click
 
-from tilewise import benchmarks
+from tilewise import benchmarks, engines
 from tilewise.benchmarks.spec import check_seed
 from tilewise.cli.common import AT_LEAST_1, ProgressBars, console, emit_json, json_option, topology_option
+from tilewise.cli.engines import LazyHelpOption, memory_help
 
 
 class _RichReporter(ProgressBars):
@@ -57,7 +58,8 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
     functions = f" {'/'.join(own.refresh.functions)}" if own.refresh else ""
 
     opts = [
-        click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark, trino."),
+        click.option("--engine", "-e", default=engines.DEFAULT_BENCH, show_default=True, cls=LazyHelpOption,
+                     help_text=lambda: f"Engine: {', '.join(engines.names())} (`tilewise engines list`)."),
     ]
     if choose:
         opts.append(click.option(
@@ -86,7 +88,7 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
         click.option("--streams", "-s", type=AT_LEAST_1, default=None,
                      help=f"Query streams of the throughput test (default: the benchmark's minimum for the SF, "
                           f"{own.metrics.min_streams(1.0)} at SF 1 for {own.title}, and at least one per instance on "
-                          "engines whose instances are replicas, like DuckDB)."),
+                          "engines whose instances are replicas: `tilewise engines list`)."),
         click.option("--tests", "tests", default="power,throughput", show_default=True, metavar="LIST",
                      help="Tests per run: power (1 stream, with the refresh functions around the queries), "
                           "throughput (S streams + a refresh stream)."),
@@ -113,9 +115,8 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
                           "query's slowdown against near memory with a verdict; on a machine without a far tier it "
                           "says so and runs nothing."),
         click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
-        click.option("--worker-memory", default=None, metavar="SIZE",
-                     help="spark/trino: memory (heap) per worker, e.g. 2g (default: half of its NUMA node's memory, "
-                          "split between the instances on that node)."),
+        click.option("--worker-memory", default=None, metavar="SIZE", cls=LazyHelpOption,
+                     help_text=lambda: memory_help("The engine's memory per worker or instance, e.g. 2g")),
         click.option("--no-warmup", is_flag=True, help="Skip the warm-up run."),
         click.option("--no-plots", is_flag=True, help="Do not write PNG plots."),
         click.option("--inject-wrong-answer", "inject", default=None, hidden=True,

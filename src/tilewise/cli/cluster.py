@@ -1,5 +1,5 @@
-"""`tilewise up / join / status / query / down`: a bound cluster (spark, trino, duckdb) that outlives
-the command; `join` adds this host's bound workers to a coordinator on another host.
+"""`tilewise up / join / status / query / down`: a bound cluster of any registered engine that
+outlives the command; `join` adds this host's bound workers to a coordinator on another host.
 
 Exit codes: 0 ok; 1 error; 2 bad usage; 3 (`status` only) the cluster is unhealthy (a crashed or
 unbound instance); 130 interrupted (everything `up` had started was stopped).
@@ -12,11 +12,13 @@ import time
 
 import click
 
-from tilewise import allocators, cpulist, topology
+from tilewise import allocators, cpulist, engines, topology
 from tilewise.binding import ensure_runnable
 from tilewise.cli.common import INDEX, SECONDS, console, emit_json, json_option, topology_option
+from tilewise.cli.engines import (EngineChoice, LazyHelpOption, coordinator_help, coordinator_mb, engine_summaries,
+                                  memory_help, memory_mb)
 from tilewise.cli.plan import make_plan, plan_options
-from tilewise.errors import UsageError
+from tilewise.errors import TilewiseError, UsageError
 
 name_option = click.option("--name", default="default", show_default=True, help="Cluster name (several may run).")
 
@@ -28,9 +30,8 @@ def _worker_options(f):
         name_option,
         click.option("--allocator", default="system", show_default=True,
                      help=f"Preload an allocator into every instance: {', '.join(allocators.names())}."),
-        click.option("--worker-memory", default=None, metavar="SIZE",
-                     help="Memory per worker, e.g. 8g (default: derived from its NUMA node's memory, split between "
-                          "the instances on that node: half for JVM heaps, at most 31g; 80 %% for DuckDB's limit)."),
+        click.option("--worker-memory", default=None, metavar="SIZE", cls=LazyHelpOption,
+                     help_text=lambda: memory_help("Memory per worker, e.g. 8g")),
         click.option("--host", default=None, metavar="ADDR",
                      help="Address the processes bind to and advertise (default 127.0.0.1; with join, the one "
                           "that reaches the coordinator)."),
@@ -41,15 +42,13 @@ def _worker_options(f):
 
 
 @click.command("up")
-@click.option("--engine", "-e", default="spark", show_default=True, type=click.Choice(["spark", "trino", "duckdb"],
-              case_sensitive=False), help="spark: master + workers; trino: coordinator + workers; duckdb: one server "
-              "per instance.")
+@click.option("--engine", "-e", default=engines.DEFAULT_UP, show_default=True, type=EngineChoice(),
+              cls=LazyHelpOption, help_text=engine_summaries)
 @_worker_options
-@click.option("--sf", default=None, help="Serve TPC-H at this scale factor (generated if needed): trino makes a "
-              "schema for it, duckdb loads it into every instance, spark prints how to read it.")
+@click.option("--sf", default=None, help="Serve TPC-H at this scale factor (generated if needed): loaded into every "
+              "instance, or registered for the cluster's queries (`tilewise query`; the connect hints say how else).")
 @click.option("--data-dir", default=None, metavar="DIR", help="TPC-H data directory (default: the user cache).")
-@click.option("--coordinator-memory", default=None, metavar="SIZE",
-              help="trino: coordinator heap (default: half the smallest worker's, 768 MiB to 4 GiB).")
+@click.option("--coordinator-memory", default=None, metavar="SIZE", cls=LazyHelpOption, help_text=coordinator_help)
 @click.option("--join", "join", default=None, metavar="URL", hidden=True,
               help="Same as `tilewise join --coordinator URL` (kept for scripts written for Spark).")
 @json_option
@@ -57,18 +56,18 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
     """Start a bound cluster that keeps running; print how to connect.
 
-    One bound worker per plan instance (Spark worker, Trino worker, or DuckDB server), verified
-    from /proc; Trino and Spark also get a coordinator/master. Stop it with `tilewise down`.
+    One bound worker per plan instance (a Spark or Trino worker, a DuckDB server, ...), verified
+    from /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
     """
     _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json)
 
 
 @click.command("join")
-@click.option("--engine", "-e", required=True, type=click.Choice(["spark", "trino"], case_sensitive=False),
-              help="The engine of the cluster to join.")
+@click.option("--engine", "-e", required=True, type=EngineChoice(lambda s: s.capabilities.join),
+              help="The engine of the cluster to join (engines whose workers can join from other hosts).")
 @click.option("--coordinator", required=True, metavar="HOST:PORT",
-              help="The Trino coordinator or Spark master started by `tilewise up` on another host.")
+              help="The coordinator or master (Trino, Spark) started by `tilewise up` on another host.")
 @_worker_options
 @json_option
 def join_cmd(engine, coordinator, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set,
@@ -86,28 +85,21 @@ def join_cmd(engine, coordinator, topology_src, policy, instances, mem, mem_node
 def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
     from tilewise import cluster
-    from tilewise.engines.procgroup import MEMORY_MIN_MB, parse_size_mb
 
     cluster.check_name(name)
     allocators.get(allocator)
-    engine = engine.lower()
-    cls = cluster.backend(engine)
-    if join and engine not in cluster.JOINABLE:
-        raise UsageError(f"{engine} workers cannot join a cluster on another host", "use spark or trino")
-    if join and engine == "spark":
-        from tilewise.engines.spark_cluster import SparkCluster
-
-        join = SparkCluster.join_url(join)
-    elif join:
-        from tilewise.engines.trino_cluster import coordinator_address
-
-        coordinator_address(join)
-    per_mb = parse_size_mb(worker_memory, minimum_mb=256 if engine == "duckdb" else MEMORY_MIN_MB) \
-        if worker_memory else None
-    coord_mb = parse_size_mb(coordinator_memory, "--coordinator-memory") if coordinator_memory else None
-    if coord_mb and engine != "trino":
-        raise UsageError("--coordinator-memory sizes the Trino coordinator", "drop it for " + engine)
-    cls.check_installed()
+    spec = engines.get(engine)
+    if join and not spec.capabilities.join:
+        raise UsageError(f"{spec.name} workers cannot join a cluster on another host",
+                         f"use {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")
+    cls = spec.runtime_class()
+    if join:
+        join = cls.join_address(join)
+    per_mb = memory_mb(spec, worker_memory)
+    coord_mb = coordinator_mb(spec, coordinator_memory)
+    why = spec.missing()
+    if why:
+        raise TilewiseError(f"{spec.title} cannot run here: {why}")
     t = topology.load(topology_src)
     p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
     ensure_runnable(p)
@@ -123,7 +115,7 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
 
         dataset = tpch_data.dataset(sf, data_dir, log=log)
     t0 = time.monotonic()
-    st = cluster.up(p, engine=engine, name=name, allocator=allocator, worker_memory_mb=memory, join=join,
+    st = cluster.up(p, engine=spec.name, name=name, allocator=allocator, worker_memory_mb=memory, join=join,
                     host=host, dataset=dataset, log=log, coordinator_mb=coord_mb)
     doc = cluster.status(st)
     doc["startup_s"] = round(time.monotonic() - t0, 2)
@@ -143,7 +135,7 @@ def print_status(doc: dict) -> None:
 
     out = console()
     health = "healthy" if doc["healthy"] else "UNHEALTHY"
-    where = {"spark": "master", "trino": "coordinator", "duckdb": "sockets in"}.get(doc["engine"], "at")
+    where = _endpoint_label(doc["engine"])
     joined = " (workers joined from this host)" if doc.get("joined") else ""
     out.print(f"cluster {doc['name']} ({doc['engine']}, policy {doc['policy']}): {health}; {where} {doc['endpoint']}"
               f"{joined}", markup=False)
@@ -163,6 +155,13 @@ def print_status(doc: dict) -> None:
     out.print(table)
     for pr in doc["problems"]:
         out.print(f"problem: {pr}", markup=False)
+
+
+def _endpoint_label(engine: str) -> str:
+    try:
+        return engines.get(engine).endpoint_label
+    except TilewiseError:  # a cluster of an engine no longer installed: still shown
+        return "at"
 
 
 def _load(name: str):
@@ -213,15 +212,14 @@ def down_cmd(name, as_json):
 
 @click.command("query")
 @name_option
-@click.option("--instance", "-i", type=INDEX, default=None,
-              help="duckdb: which instance answers (default 0); Trino runs every query on the whole cluster.")
+@click.option("--instance", "-i", type=INDEX, default=None, cls=LazyHelpOption, help_text=lambda: _instance_help())
 @click.option("--timeout", "timeout_s", type=SECONDS, default=None, metavar="S", help="Give up after S seconds.")
 @click.option("--file", "-f", "sql_file", type=click.File("r"), default=None, metavar="FILE",
               help="Read the statement from FILE ('-': standard input) instead of the argument.")
 @click.argument("sql", required=False)
 @json_option
 def query_cmd(name, instance, timeout_s, sql_file, sql, as_json):
-    """Run one SQL statement on a running trino or duckdb cluster and print the result.
+    """Run one SQL statement on a running cluster (any engine) and print the result.
 
     Example: tilewise query --name tpch "SELECT count(*) FROM lineitem"; a statement that starts
     with a `--` comment goes after `--` or in a file: tilewise query --name tpch -f q01.sql
@@ -252,6 +250,13 @@ def query_cmd(name, instance, timeout_s, sql_file, sql, as_json):
     out.print(table)
     where = f"instance {inst}" if inst is not None and inst >= 0 else "the cluster"
     out.print(f"{len(rows)} row(s) in {elapsed:.3f} s on {where}", markup=False)
+
+
+def _instance_help() -> str:
+    reps = [s.name for s in engines.specs(lambda s: s.capabilities.replicas)]
+    whole = [s.name for s in engines.specs(lambda s: not s.capabilities.replicas)]
+    return (f"{', '.join(reps)}: which instance answers (default: the least busy, 0 when idle); "
+            f"{', '.join(whole)} run every query on the whole cluster.")
 
 
 def _jsonable(v):

@@ -1,12 +1,90 @@
-"""`tilewise engines list|install|remove`: which engines are usable here; install Trino on request."""
+"""`tilewise engines list|install|remove`, and the --engine choices and help texts every command
+takes from the engine registry (tilewise.engines): no command lists engine names itself."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
+from tilewise import engines
 from tilewise.cli.common import console, emit_json, json_option
-from tilewise.errors import UsageError
+from tilewise.errors import TilewiseError, UsageError
 
+
+# ---- what commands take from the registry ----------------------------------------------------
+
+class EngineChoice(click.Choice):
+    """The registered engines (those `where` accepts), read when first needed: a plug-in installed
+    later is a choice too, and importing a command does not import every engine."""
+
+    def __init__(self, where: Callable | None = None) -> None:
+        self._where = where
+        self._choices: list[str] | None = None
+        self.case_sensitive = False
+
+    @property
+    def choices(self) -> list[str]:  # type: ignore[override]
+        if self._choices is None:
+            self._choices = (engines.names() if self._where is None else
+                             [s.name for s in engines.specs(self._where)])
+        return self._choices
+
+    @choices.setter
+    def choices(self, value) -> None:  # click assigns it in Choice.__init__, which this class skips
+        self._choices = list(value)
+
+
+class LazyHelpOption(click.Option):
+    """An option whose help text is computed when help is shown (from the registry)."""
+
+    def __init__(self, *args, help_text: Callable[[], str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._help_text = help_text
+
+    def get_help_record(self, ctx):
+        self.help = self._help_text()
+        return super().get_help_record(ctx)
+
+
+def engine_summaries() -> str:
+    return "; ".join(f"{s.name}: {s.summary}" for s in engines.specs()) + "."
+
+
+def memory_help(prefix: str) -> str:
+    knobs = "; ".join(f"{s.name}: {s.capabilities.memory.describe()}"
+                      for s in engines.specs(lambda s: s.capabilities.memory is not None))
+    return (f"{prefix} (default: derived from its NUMA node's memory, split between the instances on that node; "
+            f"{knobs}).")
+
+
+def coordinator_help() -> str:
+    knobs = "; ".join(f"{s.name}: {s.capabilities.coordinator_memory.describe()}"
+                      for s in engines.specs(lambda s: s.capabilities.coordinator_memory is not None))
+    return f"Memory of the coordinator, e.g. 2g ({knobs})."
+
+
+def memory_mb(spec, text: str | None, flag: str = "--worker-memory") -> int | None:
+    """A memory size for the engine's memory knob, checked against its minimum (None: not given)."""
+    if not text:
+        return None
+    knob = spec.capabilities.memory
+    if knob is None:
+        raise UsageError(f"{flag} sizes an engine's workers; {spec.name} has no memory setting", f"drop {flag}")
+    return knob.parse(text, flag)
+
+
+def coordinator_mb(spec, text: str | None) -> int | None:
+    if not text:
+        return None
+    knob = spec.capabilities.coordinator_memory
+    if knob is None:
+        owners = [s.title for s in engines.specs(lambda s: s.capabilities.coordinator_memory is not None)]
+        raise UsageError(f"--coordinator-memory sizes the {' / '.join(owners)} coordinator", f"drop it for {spec.name}")
+    return knob.parse(text, "--coordinator-memory")
+
+
+# ---- tilewise engines ... --------------------------------------------------------------------
 
 class _RichProgress:
     """Download and unpack progress on stderr: a rich bar with bytes, speed and time left."""
@@ -20,16 +98,15 @@ class _RichProgress:
         self._cols = {
             "bytes": (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                       TimeRemainingColumn()),
-            "count": (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")),
+            "items": (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")),
         }
         self._progress_cls = Progress
         self.progress = None
         self.task = None
 
-    def begin(self, what: str, total, done: int = 0) -> None:
-        kind = "bytes" if what.startswith("trino-server") else "count"
-        self.progress = self._progress_cls(*self._cols[kind], console=self.err, transient=True,
-                                           disable=self.quiet or not self.err.is_terminal)
+    def begin(self, what: str, total, done: int = 0, unit: str = "items") -> None:
+        self.progress = self._progress_cls(*self._cols.get(unit, self._cols["items"]), console=self.err,
+                                           transient=True, disable=self.quiet or not self.err.is_terminal)
         self.progress.start()
         self.task = self.progress.add_task(what, total=total, completed=done)
 
@@ -48,13 +125,26 @@ class _RichProgress:
 
 
 def engine_rows() -> list[dict]:
-    from tilewise import engines
-
     rows = []
-    for name in engines.ENGINES:
-        why = engines.missing(name)
-        rows.append({"engine": name, "usable": why is None, "missing": why})
+    for name in engines.names():
+        try:
+            spec = engines.get(name)
+            why = spec.missing()
+            summary = spec.summary
+        except TilewiseError as e:  # a plug-in that cannot be loaded is listed, with why
+            why, summary = str(e), ""
+        rows.append({"engine": name, "usable": why is None, "missing": why, "summary": summary,
+                     "origin": engines.REGISTRY.entry(name).origin})
     return rows
+
+
+def _installable(name: str):
+    spec = engines.get(name)
+    if spec.install is None:
+        who = [s.name for s in engines.specs(lambda s: s.install is not None)]
+        raise UsageError(f"{spec.name!r} needs no install step here ({spec.missing() or 'it is ready'})",
+                         f"engines with one: {', '.join(who) or 'none'}")
+    return spec
 
 
 @click.group("engines")
@@ -78,47 +168,34 @@ def list_cmd(as_json):
 @engines_cmd.command("install")
 @click.argument("name")
 @click.option("--version", "ver", default=None, metavar="V",
-              help="Trino release (default 476, or TILEWISE_TRINO_VERSION); the mirror serves 352, 356, 368, 470, 476.")
-@click.option("--keep-tarball", is_flag=True, help="Keep the downloaded .tar.gz beside the unpacked server.")
+              help="The release to install (trino: default 476, or TILEWISE_TRINO_VERSION; the mirror serves 352, "
+                   "356, 368, 470, 476).")
+@click.option("--keep-tarball", is_flag=True, help="Keep the downloaded archive beside the unpacked server.")
 @json_option
 def install_cmd(name, ver, keep_tarball, as_json):
     """Download and unpack an engine into the user cache (trino: about 820 MB, checked, resumable)."""
-    from tilewise.engines import trino_install as ti
-
-    if name.lower() != "trino":
-        raise UsageError(f"{name!r} needs no install step here (pip installs duckdb and pyspark)",
-                         "`tilewise engines install trino` is the one that downloads")
-    rep = _RichProgress(quiet=as_json)
-    path = ti.install(ver, progress=rep, keep_tarball=keep_tarball)
-    try:
-        java = str(ti.java_home())
-        java_problem = None
-    except ti.InstallError as e:
-        java, java_problem = None, str(e)
-    doc = {"engine": "trino", "version": ver or ti.version(), "server": str(path), "java_home": java,
-           "java_problem": java_problem, "client": ti.client_available()}
+    spec = _installable(name)
+    doc = spec.install(ver, _RichProgress(quiet=as_json), keep_tarball)
     if as_json:
         emit_json(doc)
         return
     out = console()
-    out.print(f"trino-server {doc['version']}: {path}", markup=False)
-    out.print(f"java: {java or java_problem}", markup=False)
-    if not doc["client"]:
-        out.print("python client missing: pip install 'tilewise[trino]'", markup=False)
+    for line in doc.get("notes", []):
+        out.print(line, markup=False)
 
 
 @engines_cmd.command("remove")
 @click.argument("name")
-@click.option("--version", "ver", default=None, metavar="V", help="Trino release to remove (default: the current one).")
+@click.option("--version", "ver", default=None, metavar="V", help="The release to remove (default: the current one).")
 @json_option
 def remove_cmd(name, ver, as_json):
     """Delete a downloaded engine from the user cache."""
-    from tilewise.engines import trino_install as ti
-
-    if name.lower() != "trino":
-        raise UsageError(f"{name!r} was not downloaded by tilewise", "only trino is")
-    gone = ti.uninstall(ver)
+    spec = engines.get(name)
+    if spec.uninstall is None:
+        raise UsageError(f"{spec.name!r} was not downloaded by tilewise",
+                         f"only {', '.join(s.name for s in engines.specs(lambda s: s.uninstall is not None))} are")
+    gone = spec.uninstall(ver)
     if as_json:
         emit_json({"removed": gone})
         return
-    console().print(f"removed {len(gone)} path(s) from {ti.cache_root()}", markup=False)
+    console().print(f"removed {len(gone)} path(s)" + (f": {', '.join(gone)}" if gone else ""), markup=False)

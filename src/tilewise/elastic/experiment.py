@@ -1,23 +1,31 @@
-"""`tilewise bench elastic`: N clients on one DuckDB process, with and without the elastic allocator.
+"""`tilewise bench elastic`: N clients on one engine process (DuckDB by default), with and without
+the elastic allocator.
 
 Cases: ``os`` (no allocator: every allowed core, the OS schedules) and one per allocation mode
 (dense, sparse, adaptive), each for each workload: ``q6`` (every client runs TPC-H Q6 in a loop)
 and ``mixed`` (every client runs a random one of the 22 queries in a loop, seeded). For each case:
 throughput, latency, CPU-seconds the DBMS process used, cores allocated over time (the daemon's
 log, also written to logs/<case>.jsonl for `tilewise elastic --replay`), and the daemon's own cost.
+
+The DBMS process is the engine's own runtime (the one `bench tpch` and `up` use): one instance
+holding the workload's tables, started on every allowed CPU; the clients are threads of tilewise
+sending queries to it, so its CPU time is the engine's, and the elastic daemon manages exactly that
+process. Latency is the engine's own time per query (execute + fetch, as the runtime reports it).
+Any engine whose instances are replicas (one process each) can be the DBMS.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import select
-import subprocess
-import sys
+import random
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from tilewise import engines
+from tilewise import plan as planner
+from tilewise.engines.contract import EngineSpec, Query
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model
 from tilewise.results import stats as S
@@ -28,50 +36,89 @@ CONFIGS = ("os", "dense", "sparse", "adaptive")
 WORKLOADS = ("q6", "mixed")
 
 
-def _readline(proc: subprocess.Popen, timeout: float, what: str) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TilewiseError(f"the DuckDB server did not answer ({what}) within {timeout:.0f} s")
-        r, _, _ = select.select([proc.stdout], [], [], min(left, 1.0))
-        if r:
-            line = proc.stdout.readline()
-            if not line:
-                err = proc.stderr.read() if proc.stderr else ""
-                raise TilewiseError(f"the DuckDB server exited while {what}: {err.strip()[-500:]}")
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
+@dataclass(frozen=True)
+class Tables:
+    """The tables a workload needs (the engine loads only those), as the runtime reads a data set."""
+
+    dir: Path
+    tables: dict[str, Path]
+
+    @property
+    def label(self) -> str:
+        return f"{', '.join(self.tables)} from {self.dir}"
+
+    def to_json(self) -> dict:
+        return {"dir": str(self.dir), "tables": sorted(self.tables)}
+
+
+def _clients(runtime, queries: dict[int, str], clients: int, duration: float, seed: int) -> dict:
+    """N client threads, each looping over its queries on instance 0 until the duration is over."""
+    stop_at = time.perf_counter() + duration
+    records: list[list] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    base = time.perf_counter()
+
+    def client(i: int) -> None:
+        rng = random.Random(seed * 1000 + i)
+        nums = sorted(queries)
+        mine = []
+        try:
+            while time.perf_counter() < stop_at:
+                q = nums[0] if len(nums) == 1 else rng.choice(nums)
+                s = time.perf_counter()
+                r = runtime.run_query(queries[q], instance=0)
+                mine.append([i, q, round(s - base, 6), round(r.elapsed_s, 6)])
+        except Exception as ex:  # noqa: BLE001 - reported to the harness, not swallowed
+            with lock:
+                errors.append(f"client {i}: {type(ex).__name__}: {ex}")
+        with lock:
+            records.extend(mine)
+
+    before = runtime.info(0)
+    w0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,), name=f"client-{i}") for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - w0
+    after = runtime.info(0)
+    cpu = (after.get("cpu_s") or 0.0) - (before.get("cpu_s") or 0.0)
+    ctx = after.get("ctx_involuntary")
+    return {"records": records, "wall_s": wall, "cpu_s": cpu, "errors": errors,
+            "ctx_involuntary": None if ctx is None else ctx - (before.get("ctx_involuntary") or 0)}
 
 
 def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients: int, duration: float,
              interval: float, topo, th_min: float, th_max: float, threads: int, log_path: Path | None,
-             seed: int = 1) -> dict:
-    from tilewise import launch
+             seed: int = 1, spec: EngineSpec | None = None) -> dict:
     from tilewise.elastic import daemon, enforce, modes, petri
 
-    cfg = {"tables": tables, "queries": queries, "clients": clients, "duration": duration, "threads": threads,
-           "seed": seed}
-    argv = [sys.executable, "-m", "tilewise.elastic.server", json.dumps(cfg)]
+    spec = spec or engines.get(engines.DEFAULT_BENCH)  # threads: the engine's, = the CPUs it starts on
+    if not spec.capabilities.replicas:
+        raise UsageError(f"bench elastic manages one engine process; {spec.name}'s workers cooperate across several",
+                         "use an engine whose instances are replicas (tilewise engines list)")
+    data = Tables(Path(next(iter(tables.values()))).parent, {k: Path(v) for k, v in tables.items()})
+    texts = {n: spec.sql(sql, Query("tpch", n, 0, f"q{int(n):02d}")) for n, sql in queries.items()}
+    whole = planner.plan(topo, "wim", smt=True)  # one instance on every allowed CPU (the allocator trims it)
     recs: list[dict] = []
     d = None
     th = None
     sink = None
     res = None  # the clients' results: None while they run (the log then ends interrupted)
-    with launch.Supervisor() as sup:
-        s = sup.start(f"duckdb-{config}-{workload}", argv, verify_binding=False,
-                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        proc = s.proc
-        ready = _readline(proc, 900, "loading the data")
-        allowed = tuple(sorted(os.sched_getaffinity(proc.pid)))
+    runtime = spec.runtime_class()()
+    try:
+        runtime.start(whole, dataset=data)
+        ready = runtime.info(0)
+        pid = runtime.status()[0].pid
+        allowed = tuple(sorted(os.sched_getaffinity(pid)))
         pool = modes.make_pool(topo, allowed)
         try:
             if config != "os":
-                target = daemon.PidTarget(proc.pid)
+                target = daemon.PidTarget(pid)
                 unit = daemon.Unit(f"{config}-{workload}", pool, petri.NetConfig(th_min, th_max, pool.n_total), config, target)
-                unit.enforcer = enforce.choose("auto", proc.pid, None)
+                unit.enforcer = enforce.choose("auto", pid, None)
                 sink = _log(log_path, topo, {"target": [unit.name], "mode": config, "workload": workload,
                                              "clients": clients, "duration": duration, "interval": interval,
                                              "th_min": th_min, "th_max": th_max, "dry_run": False, "enforce": "auto"})
@@ -85,9 +132,7 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
                 th = threading.Thread(target=d.run, name="elastic", daemon=True)
                 th.start()
             t_go = (time.monotonic() - d.t0) if d else 0.0
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            res = _readline(proc, duration + 600, "running the clients")["results"]
+            res = _clients(runtime, texts, clients, duration, seed)
         finally:
             if d is not None:
                 d.stopped = True
@@ -100,6 +145,8 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
                 sink.close()
         stats = d.stats() if d else None
         problems = list(d.problems) if d else []
+    finally:
+        runtime.stop()
     if res["errors"]:
         raise TilewiseError(f"{config}/{workload}: " + res["errors"][0])
     lat = [r[3] for r in res["records"]]
@@ -123,7 +170,7 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
         "cores_total": pool.n_total, "cores_mean": round(mean_cores, 3),
         "core_seconds_allocated": round(mean_cores * res["wall_s"], 3),
         "ctx_involuntary": res.get("ctx_involuntary"),
-        "load_s": round(ready.get("load_s", 0.0), 3), "duckdb": ready.get("duckdb"),
+        "load_s": round(ready.get("load_s") or 0.0, 3), spec.name: spec.version(),
         "timeline": timeline, "daemon": stats, "problems": problems,
         "enforce": (d.units[0].enforcer.kind if d else "none"),
         "raw": res["records"],

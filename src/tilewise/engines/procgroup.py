@@ -1,43 +1,47 @@
-"""A group of bound server processes that make up one engine cluster (Spark, Trino, DuckDB servers).
+"""The process group under every built-in engine runtime: bound processes that make up one deployment.
 
-The common part of every cluster engine, used both by the engines (bench: the processes die with
-tilewise) and by `tilewise up/join` (detached: they outlive the command and are recorded in a state
-file, see tilewise.cluster):
+One class, used both by the benchmarks (the processes die with tilewise, in a temporary directory)
+and by `tilewise up/join` (detached: they outlive the command and are recorded in a state file,
+see tilewise.cluster, and later commands rebuild the runtime from it):
 
-- every process is started through the process edge (launch.spawn: bound before exec, own session)
-  and recorded as a Member (role, instance, pid + start time, binding, log);
+- every process is started through the process edge (launch.spawn: bound before exec, own session,
+  journaled first in a change session so `tilewise restore` stops what a killed tilewise left) and
+  recorded as a Member (role, instance, pid + start time, binding, log);
 - every process carries ``TILEWISE_CLUSTER_TOKEN=<token>`` in its environment (inherited by what it
   forks: Spark executors, JVM helpers); stopping goes through procs.stop: each member's tree (by
   pid + start time, its group, descendants and spawn token) plus every process carrying the cluster
   token, checked, so nothing is orphaned even when the process that started the cluster is gone;
-- the small interface tilewise.cluster drives for every engine: ``start(plan, ...)``,
-  ``member_status(m)``, ``stop()``, ``endpoint``, ``connect_hints(state)``.
+- status: every member's binding read back from /proc (verification.verify), health, the engine's own
+  checks (member_status), and per plan instance for the harness (status()).
+
+An engine's runtime subclasses it (engines/<name>/): start() spawns its processes, run_query()
+talks to them; connect_hints() says how users reach a detached deployment.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from tilewise import cpulist, launch, procs, verification
-from tilewise.binding import Binding
+from tilewise import changes, cpulist, launch, procs, verification
+from tilewise.binding import Binding, ensure_runnable
+from tilewise.engines.contract import InstanceStatus, Runtime, instance_statuses
+from tilewise.engines.memory import (  # noqa: F401 - re-exported: the engines' sizing helpers
+    MEMORY_CAP_MB, MEMORY_FRACTION, MEMORY_MIN_MB, live_node_memory, parse_size_mb, worker_memory_mb)
 from tilewise.errors import TilewiseError, UsageError
-from tilewise.plan import Instance, Plan
+from tilewise.plan import Plan
 from tilewise.procs import ProcId
 
 TOKEN_VAR = "TILEWISE_CLUSTER_TOKEN"
-# worker memory: this share of the memory of the instance's NUMA node(s) (split between the
-# instances on the same node), capped below 32 GiB (compressed oops), at least 512 MiB
-MEMORY_FRACTION = 0.5
-MEMORY_CAP_MB = 31 * 1024
-MEMORY_MIN_MB = 512
 START_TIMEOUT_S = 90.0
 
 
@@ -53,46 +57,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def parse_size_mb(text: str, what: str = "--worker-memory", minimum_mb: int = MEMORY_MIN_MB) -> int:
-    """'4g', '512m', '2GB', '1.5G' -> MiB (a bare number is MiB, as Spark reads it)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(text).lower())
-    if not m:
-        raise UsageError(f"{what}: cannot read size {text!r}", "use e.g. 4g or 512m")
-    val = float(m.group(1)) * {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[m.group(2)]
-    mb = int(val)
-    if mb < minimum_mb:
-        raise UsageError(f"{what}: {text} is below the {minimum_mb} MiB a worker needs", "use e.g. 2g")
-    return mb
-
-
-def worker_memory_mb(plan: Plan, node_memory: dict[int, int], *, fraction: float = MEMORY_FRACTION,
-                     cap_mb: int = MEMORY_CAP_MB, min_mb: int = MEMORY_MIN_MB) -> dict[int, int]:
-    """Memory per worker (MiB): `fraction` of its NUMA nodes' memory, split between the instances
-    sharing a node, capped at cap_mb. node_memory: node id -> bytes (0 = unknown: 4 GiB assumed)."""
-    if not 0 < fraction <= 1:
-        raise UsageError(f"memory fraction must be in (0, 1], got {fraction}")
-    users: dict[int, int] = {}
-    for inst in plan.instances:
-        for n in inst_nodes(inst):
-            users[n] = users.get(n, 0) + 1
-    out = {}
-    for inst in plan.instances:
-        total = 0.0
-        for n in inst_nodes(inst):
-            mem = node_memory.get(n) or 4 * 1024 ** 3
-            total += mem / users[n]
-        mb = int(total * fraction / (1024 * 1024))
-        out[inst.id] = max(min_mb, min(cap_mb, mb))
-    return out
-
-
-def inst_nodes(inst: Instance) -> tuple[int, ...]:
-    """The NUMA nodes whose memory an instance uses."""
-    if inst.mem_policy in ("membind", "interleave", "preferred") and inst.mem_nodes:
-        return tuple(inst.mem_nodes)
-    return tuple(inst.numa_nodes) or (0,)
 
 
 # ---- processes -------------------------------------------------------------------------------
@@ -155,6 +119,22 @@ class Member:
             return False, "exited (its pid now belongs to another process)"
         return (False, "exited (zombie)") if st.state in "ZX" else (True, "")
 
+    def how_it_ended(self, wait_s: float = 2.0) -> str:
+        """'was killed by SIGKILL', 'exited with status 1' (waits for an owned process to end)."""
+        if self.proc is None:
+            ok, why = self.alive()
+            return "is still running" if ok else why
+        try:
+            rc = self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+        if rc < 0:
+            try:
+                return f"was killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"was killed by signal {-rc}"
+        return f"exited with status {rc}"
+
 
 def rc_text(rc: int) -> str:
     if rc < 0:
@@ -209,41 +189,78 @@ def tagged_processes(token: str, var: str = TOKEN_VAR) -> list:
     return found
 
 
-class ProcessCluster:
-    """Start/inspect/stop the bound processes of one cluster. `detach`: processes outlive this Python.
+def data_doc(dataset) -> dict:
+    """What a cluster's state records about the data set it serves."""
+    if dataset is None:
+        return {}
+    return {"label": dataset.label, **dataset.to_json(), "tables": {k: str(v) for k, v in dataset.tables.items()}}
 
-    Subclasses (one per engine) implement start(), and may extend env(), member_status() and
-    connect_hints(); STOP_ORDER says which roles are stopped first."""
 
-    engine = "engine"
-    STOP_ORDER: dict[str, int] = {"driver": 0, "worker": 1, "server": 1, "coordinator": 2, "master": 2}
-    error_cls: type[TilewiseError] = ClusterError
+class ProcessCluster(Runtime):
+    """Start/inspect/stop the bound processes of one deployment. `detach`: processes outlive this
+    Python (tilewise up); otherwise they die with it and live in a temporary directory (root=None)
+    that stop() removes.
 
-    def __init__(self, root: Path, token: str, *, host: str = "127.0.0.1", detach: bool = False,
-                 members: list[Member] | None = None, endpoint: str | None = None) -> None:
-        self.root = Path(root)
-        self.token = token
+    Subclasses (one per engine) implement start() and run_query(), and may extend env(),
+    member_status(), instance_extra(), info(), close() and connect_hints(); STOP_ORDER says which
+    roles are stopped first."""
+
+    STOP_ORDER: ClassVar[dict[str, int]] = {"driver": 0, "worker": 1, "server": 1, "coordinator": 2, "master": 2}
+    error_cls: ClassVar[type[TilewiseError]] = ClusterError
+
+    def __init__(self, root: Path | None = None, token: str | None = None, *, host: str = "127.0.0.1",
+                 detach: bool = False, members: list[Member] | None = None, endpoint: str | None = None,
+                 data: dict | None = None, joined: bool = False, keep_logs: bool = False) -> None:
+        self.root = Path(root) if root is not None else None
+        self._own_root = root is None
+        self.token = token or new_token()
         self.host = host
         self.detach = detach
         self.members: list[Member] = list(members or [])
         self.endpoint = endpoint
-        self.on_change = None  # callback after each member starts (the state file is rewritten)
+        self.data: dict = dict(data or {})  # the data set served (recorded in the state file)
+        self.joined = joined  # only workers that joined a coordinator on another host
+        self.keep_logs = keep_logs
+        self.plan: Plan | None = None
+        self.placement = None  # where a coordinator/master went and why (tilewise.nic), if any
+        self.on_change = None  # callback after each member starts (tilewise.cluster rewrites the state file)
+        self.journal: changes.Session | None = None  # where each start is journaled first
+        self._own_journal = False
+        self._stopped = False
 
-    # -- the interface tilewise.cluster drives --
-    @classmethod
-    def check_installed(cls) -> None:
-        """Raise a TilewiseError saying what to install when the engine cannot run here."""
+    @property
+    def engine(self) -> str:
+        return self.spec.name
+
+    @property
+    def title(self) -> str:
+        return self.spec.title
 
     @classmethod
     def default_memory_mb(cls, plan: Plan, node_memory: dict[int, int]) -> dict[int, int]:
-        return worker_memory_mb(plan, node_memory)
+        """The memory knob's default per instance (MiB) for a machine's node memory."""
+        knob = cls.spec.capabilities.memory
+        return knob.default_mb(plan, node_memory) if knob else {i.id: 0 for i in plan.instances}
 
-    def start(self, plan: Plan, *, memory_mb: dict[int, int], allocator: str = "system", join: str | None = None,
-              dataset=None, log=None) -> None:
-        raise NotImplementedError
-
-    def connect_hints(self, state) -> list[str]:
-        return []
+    # -- the start, shared by every engine --
+    def _begin(self, plan: Plan, dataset, memory_mb: dict[int, int] | None, join: str | None) -> dict[int, int]:
+        """Common first steps of start(): the working directory, the data set record, the memory
+        per instance (the spec's memory knob for this machine unless given)."""
+        ensure_runnable(plan)
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix=f"tilewise-{self.engine}-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.plan = plan
+        self.joined = bool(join)
+        if join and not self.spec.capabilities.join:
+            raise UsageError(f"{self.engine} workers cannot join a cluster on another host",
+                             f"start them on each host with `tilewise up --engine {self.engine}`")
+        if dataset is not None:
+            missing = [str(p) for p in dataset.tables.values() if not p.exists()]
+            if missing:
+                raise TilewiseError(f"{dataset.label} data missing in {dataset.dir}: {', '.join(missing)}")
+            self.data = data_doc(dataset)
+        return memory_mb if memory_mb is not None else self.default_memory_mb(plan, live_node_memory())
 
     # -- processes --
     def env(self) -> dict:
@@ -253,12 +270,16 @@ class ProcessCluster:
 
     def _spawn(self, role: str, instance: int | None, argv: list[str], b: Binding, *, cores=0, memory_mb=0,
                env: dict | None = None, extra: dict | None = None, log_name: str | None = None,
-               **popen_kwargs) -> Member:
+               die_with_parent: bool | None = None, **popen_kwargs) -> Member:
+        """Start one member bound, logging to logs/<name>.log. die_with_parent: default, unless detached."""
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         name = log_name or (role if instance is None else f"{role}-{instance}")
         log = self.root / "logs" / f"{name}.log"
+        if self.journal is None and not self.detach:  # `tilewise restore` stops what a killed run left
+            self.journal, self._own_journal = changes.Session(f"processes started by {self.engine}"), True
         with open(log, "ab") as fh:
-            proc = launch.spawn(argv, b, env=env or self.env(), die_with_parent=not self.detach,
+            proc = launch.spawn(argv, b, env=env or self.env(), journal=self.journal,
+                                die_with_parent=not self.detach if die_with_parent is None else die_with_parent,
                                 stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, **popen_kwargs)
         m = Member(role, instance, proc.pid, create_time(proc.pid), b, str(log), cores, memory_mb, proc,
                    dict(extra or {}), start=proc.ident.start, token=proc.token)
@@ -272,7 +293,7 @@ class ProcessCluster:
         if not v.ok:
             raise launch.LaunchError(f"{self.engine} {m.label}: binding not applied: " + "; ".join(v.problems))
 
-    def wait_log(self, m: Member, pattern: re.Pattern, timeout: float, what: str) -> str:
+    def wait_log(self, m: Member, pattern, timeout: float, what: str) -> str:
         """Wait until the member's log matches pattern (returns group 1, or the match); fail at once
         when it or any other member dies, or after timeout."""
         deadline = time.monotonic() + timeout
@@ -297,6 +318,9 @@ class ProcessCluster:
     # -- inspection --
     def workers(self) -> list[Member]:
         return [m for m in self.members if m.role == "worker"]
+
+    def worker(self, instance: int) -> Member | None:
+        return next((m for m in self.workers() if m.instance == instance), None)
 
     def member(self, role: str) -> Member | None:
         return next((m for m in self.members if m.role == role), None)
@@ -339,20 +363,67 @@ class ProcessCluster:
     def statuses(self) -> list[dict]:
         return [self.member_status(m) for m in self.members]
 
+    def status(self) -> list[InstanceStatus]:
+        """Per plan instance (the harness's view): its worker's status document, and the engine's details."""
+        if self.plan is None or self._stopped:
+            return []
+        docs = {d["instance"]: d for d in self.statuses() if d["role"] == "worker"}
+        return instance_statuses(self.plan, docs, self.instance_extra)
+
+    def instance_extra(self, d: dict) -> dict:
+        """The engine's own details of one instance's status document (InstanceStatus.extra)."""
+        return {"verification": d["verification"], "memory_mb": d["memory_mb"]}
+
+    def status_fields(self) -> dict:
+        """Engine-specific fields of `tilewise status --json` (e.g. Spark's master_url)."""
+        return {}
+
+    def info(self, instance: int) -> dict:
+        """What results record per instance: the worker's cores (its threads) and memory."""
+        m = self.worker(instance)
+        return {"threads": m.cores, "memory_mb": m.memory_mb, "pid": m.pid} if m else {}
+
+    def connect_hints(self, state) -> list[str]:
+        return []
+
+    @classmethod
+    def join_address(cls, text: str) -> str:
+        """The coordinator address `tilewise join --coordinator` names, checked and normalised."""
+        raise UsageError(f"{cls.spec.name} workers cannot join a cluster on another host")
+
     @staticmethod
     def _unhealthy(d: dict, why: str) -> None:
         d["healthy"] = False
         d["detail"] = (d["detail"] + "; " if d["detail"] else "") + why
 
+    def _check_whole_cluster(self, instance: int | None) -> None:
+        """Engines whose workers cooperate: a query has no instance to pick, and a joined host none to ask."""
+        if instance not in (None, -1):
+            raise UsageError(f"{self.title} runs every query on the whole cluster", "drop --instance")
+        if self.joined:
+            raise UsageError("this cluster only holds workers that joined a coordinator elsewhere",
+                             "query the coordinator's cluster (on the host that ran `tilewise up`)")
+
     # -- stopping --
     def stop(self, timeout: float = 10.0) -> list[int]:
         """Stop every member's whole tree and every process carrying the cluster token (children a
         crashed member left behind included): SIGTERM, `timeout`, SIGKILL, then check (procs.stop).
-        Idempotent. Returns the pids stopped; raises if any process survived."""
+        Idempotent. Returns the pids stopped; raises if any process survived. A temporary working
+        directory is removed (unless keep_logs)."""
+        self._stopped = True
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - stopping goes on; the processes are what matter
+            pass
         trees = [m.tree() for m in sorted(self.members, key=lambda m: self.STOP_ORDER.get(m.role, 3))]
         trees.append(procs.Tree(None, self.token, TOKEN_VAR))
         rep = procs.stop(trees, grace=timeout)
         if not rep.ok:
             raise self.error_cls(f"could not stop processes of the cluster: {rep.summary()}",
                                  "kill them by pid (are you the same user?)")
+        if self._own_journal and self.journal is not None:
+            self.journal.commit()  # everything journaled was stopped and checked
+            self.journal = None
+        if self._own_root and self.root is not None and not self.keep_logs:
+            shutil.rmtree(self.root, ignore_errors=True)
         return [p["pid"] for p in rep.stopped]

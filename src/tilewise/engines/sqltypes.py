@@ -1,30 +1,30 @@
-"""Parquet (Arrow) column types -> the SQL type each engine declares for them (Spark DDL, Trino DDL)."""
+"""Parquet (Arrow) column types -> the SQL type an engine declares for them. Each engine passes its
+own names (engines/spark, engines/trino); the mapping logic is here once."""
 
 from __future__ import annotations
 
-# arrow type name -> (trino, spark)
-_PLAIN = {
-    "int64": ("bigint", "BIGINT"), "int32": ("integer", "INT"), "int16": ("smallint", "SMALLINT"),
-    "int8": ("tinyint", "TINYINT"), "double": ("double", "DOUBLE"), "float": ("real", "FLOAT"),
-    "bool": ("boolean", "BOOLEAN"), "date32[day]": ("date", "DATE"), "string": ("varchar", "STRING"),
-    "large_string": ("varchar", "STRING"), "string_view": ("varchar", "STRING"),
-}
-DIALECTS = ("trino", "spark")
+from dataclasses import dataclass
 
 
-def sql_type(t, dialect: str) -> str | None:
-    """The dialect's type for Arrow type t; None when there is no plain mapping."""
+@dataclass(frozen=True)
+class TypeNames:
+    """An engine's SQL type names for the plain Arrow types, and its decimal type's name."""
+
+    plain: dict[str, str]  # arrow type name ("int64", "date32[day]", "string_view", ...) -> SQL type
+    decimal: str  # "decimal" -> decimal(15,2)
+
+
+def sql_type(t, names: TypeNames) -> str | None:
+    """The engine's type for Arrow type t; None when there is no plain mapping."""
     import pyarrow as pa
 
-    col = DIALECTS.index(dialect)
     if pa.types.is_decimal(t):
-        return f"{('decimal', 'DECIMAL')[col]}({t.precision},{t.scale})"
-    pair = _PLAIN.get(str(t))
-    return pair[col] if pair else None
+        return f"{names.decimal}({t.precision},{t.scale})"
+    return names.plain.get(str(t))
 
 
-def parquet_schema(path, dialect: str) -> list[tuple[str, str | None]]:
+def parquet_schema(path, names: TypeNames) -> list[tuple[str, str | None]]:
     """(column, type or None) for the Parquet file at path."""
     import pyarrow.parquet as pq
 
-    return [(f.name, sql_type(f.type, dialect)) for f in pq.read_schema(path)]
+    return [(f.name, sql_type(f.type, names)) for f in pq.read_schema(path)]

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tilewise.data import Dataset
+from tilewise.engines import sqltypes
 from tilewise.errors import TilewiseError
 from tilewise.fsutil import atomic_write_json
 
@@ -46,11 +47,15 @@ def schema_name(ds: Dataset) -> str:
     return re.sub(r"[^a-z0-9_]", "_", name.lower())
 
 
+TYPES = sqltypes.TypeNames({
+    "int64": "bigint", "int32": "integer", "int16": "smallint", "int8": "tinyint", "double": "double", "float": "real",
+    "bool": "boolean", "date32[day]": "date", "string": "varchar", "large_string": "varchar", "string_view": "varchar",
+}, "decimal")
+
+
 def trino_type(t) -> str:
     """A pyarrow type -> the Trino SQL type that reads it from Parquet."""
-    from tilewise.engines.sqltypes import sql_type
-
-    st = sql_type(t, "trino")
+    st = sqltypes.sql_type(t, TYPES)
     if st is None:
         raise TilewiseError(f"no Trino type for Parquet column type {t}")
     return st

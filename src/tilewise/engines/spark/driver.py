@@ -1,4 +1,4 @@
-"""The Spark driver, run as its own process: `python -m tilewise.engines.spark_driver FD`.
+"""The Spark driver, run as its own process: `python -m tilewise.engines.spark.driver FD`.
 
 It talks to tilewise over a dedicated socket (FD, multiprocessing.connection messages), never over
 stdout (the driver JVM logs there). Why a separate process and not a SparkSession inside tilewise:

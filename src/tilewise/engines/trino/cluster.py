@@ -1,6 +1,11 @@
-"""A Trino cluster made of bound JVMs: one coordinator, one worker per plan instance.
+"""Trino's runtime: bound JVMs, one coordinator and one worker per plan instance.
 
-Used by the Trino engine (bench: the JVMs die with tilewise) and by `tilewise up/join` (detached).
+Serves the benchmarks (the JVMs die with tilewise) and `tilewise up/join` (detached). With a data set
+the Hive view of it is prepared after start (hive.py: hard links, statistics once per data set);
+queries go to the coordinator through the `trino` Python client, the workers cooperate on every
+query (instance -1). Answers keep Trino's types: decimals stay Decimal (avg(decimal) and decimal
+division stay decimal at Trino's scale), dates are datetime.date; bench/validate.py compares them
+with the reference at the reference's scale.
 Each node gets its own etc/ and data/ under the cluster root and runs ``bin/launcher run``, which
 execs the JVM in place (the pid we bind and record is the JVM's). Settings are derived per node:
 
@@ -25,11 +30,15 @@ import re
 import time
 from pathlib import Path
 
+from tilewise import nic
 from tilewise.binding import Binding
-from tilewise.engines import trino_install as ti
-from tilewise.engines.procgroup import (ClusterError, Member, ProcessCluster, free_port,
-                                        worker_memory_mb)
+from tilewise.engines.contract import QueryResult
+from tilewise.engines.procgroup import ClusterError, Member, ProcessCluster, free_port
+from tilewise.engines.trino import COORDINATOR_MIN_MB, SPEC
+from tilewise.engines.trino import hive
+from tilewise.engines.trino import install as ti
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.fsutil import atomic_write
 from tilewise.plan import Plan
 
 STARTED_RE = re.compile(r"======== SERVER STARTED ========")
@@ -38,7 +47,6 @@ ENVIRONMENT = "tilewise"
 USER = "tilewise"
 HEAP_QUERY_SHARE = 0.40
 HEAP_HEADROOM_SHARE = 0.25
-COORDINATOR_MIN_MB = 768
 COORDINATOR_MAX_MB = 4096
 READY_TIMEOUT_S = 300.0  # all nodes ACTIVE took 38-63 s on a quiet 2-core machine, over 3 min under heavy load
 
@@ -168,23 +176,28 @@ def _transient(e: Exception) -> bool:
 
 
 class TrinoCluster(ProcessCluster):
-    """Start/inspect/stop a coordinator and bound workers. `detach`: the JVMs outlive this Python."""
+    """Start/inspect/stop a coordinator and bound workers, query the coordinator."""
 
-    engine = "trino"
+    spec = SPEC
     error_cls = TrinoError
     STOP_ORDER = {"worker": 1, "coordinator": 2}
 
-    def __init__(self, root: Path, token: str, *, host: str = "127.0.0.1", detach: bool = False,
-                 members: list[Member] | None = None, endpoint: str | None = None) -> None:
-        super().__init__(root, token, host=host, detach=detach, members=members, endpoint=endpoint)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.server = ti.server_dir()
-        self.placement = None
+        self.start_s: float | None = None  # the JVMs' start-up, apart from preparing the data set
+        self.prepare_info: dict = {}
 
     @classmethod
     def check_installed(cls) -> None:
         why = ti.missing()
         if why:
             raise TrinoError(f"Trino cannot run here: {why}")
+
+    @classmethod
+    def join_address(cls, text: str) -> str:
+        host, port = coordinator_address(text)
+        return f"http://{host}:{port}"
 
     @property
     def coordinator(self) -> tuple[str, int]:
@@ -203,8 +216,6 @@ class TrinoCluster(ProcessCluster):
         return d
 
     def _write_node(self, name: str, node_id: str, config: dict, jvm: list[str], catalog: dict) -> Path:
-        from tilewise.fsutil import atomic_write
-
         base = self.root / name
         etc, data = base / "etc", base / "data"
         (etc / "catalog").mkdir(parents=True, exist_ok=True)
@@ -232,17 +243,33 @@ class TrinoCluster(ProcessCluster):
         self._verify_started(m)
         return m
 
-    # -- the cluster interface (tilewise up / join, and the engine) --
-    def start(self, plan: Plan, *, memory_mb: dict[int, int], allocator: str = "system", join: str | None = None,
-              dataset=None, log=None, coordinator_mb: int | None = None, placement=None,
-              catalog: dict | None = None) -> None:
+    # -- start --
+    def start(self, plan: Plan, *, dataset=None, allocator: str = "system", memory_mb=None, coordinator_mb=None,
+              join=None, log=None, placement=None) -> None:
         """Start (coordinator +) workers bound to their instances; wait until the coordinator sees every
-        worker active and answers queries. catalog: hive.properties (the data set's metastore)."""
-        from tilewise import nic
-
+        worker active and answers queries; then prepare the data set's schema (unless joined)."""
         self.check_installed()
+        try:
+            memory_mb = self._begin(plan, dataset, memory_mb, join)
+            wh = hive.Warehouse(dataset, fallback_dir=self.root) if dataset is not None else None
+            catalog = hive.catalog_properties(wh.metastore if wh else self.root / "metastore")
+            t0 = time.monotonic()
+            self._start_jvms(plan, memory_mb, allocator, join, log, coordinator_mb, placement, catalog)
+            self.start_s = time.monotonic() - t0
+            if wh is not None and not join:
+                self.prepare_info = wh.prepare(lambda sql: self._sql(sql), ti.version(), log=log)
+                self.data.update({"schema": wh.schema, "catalog": hive.CATALOG,
+                                  "statistics_cached": self.prepare_info["cached"]})
+            elif wh is not None:
+                self.data.update({"schema": wh.schema, "catalog": hive.CATALOG})
+        except BaseException:
+            if not self.detach:
+                self.stop()
+            raise
+
+    def _start_jvms(self, plan: Plan, memory_mb: dict[int, int], allocator: str, join: str | None, log,
+                    coordinator_mb: int | None, placement, catalog: dict) -> None:
         plugin_dir = self._plugin_dir()
-        catalog = catalog or _throwaway_catalog(self.root)
         tag = self.token[:8]
         if join:
             host, port = coordinator_address(join)
@@ -336,14 +363,45 @@ class TrinoCluster(ProcessCluster):
         nodes = self.active_nodes() if any(m.role == "worker" for m in self.members) else None
         return [self.member_status(m, nodes) for m in self.members]
 
-    def query(self, sql: str, *, catalog: str | None = None, schema: str | None = None,
-              timeout_s: float | None = None) -> tuple[list[str], list[tuple], float]:
+    def _sql(self, sql: str, *, catalog: str | None = None, schema: str | None = None,
+             timeout_s: float | None = None) -> tuple[list[str], list[tuple], float]:
         host, port = self.coordinator
         try:
             return run_sql(host, port, sql, catalog=catalog, schema=schema, timeout_s=timeout_s)
         except Exception as e:  # noqa: BLE001 - one error type for the CLI
             self.check_alive("run a query")
             raise TilewiseError(f"trino query failed: {_one_line(e)}") from None
+
+    def run_query(self, sql: str, *, instance: int | None = None, timeout_s: float | None = None) -> QueryResult:
+        self._check_whole_cluster(instance)
+        if self._stopped or not self.endpoint:
+            raise TilewiseError("the Trino engine is not started")
+        cols, rows, elapsed = self._sql(sql, catalog=self.data.get("catalog"), schema=self.data.get("schema"),
+                                        timeout_s=timeout_s)
+        return QueryResult(cols, rows, elapsed, -1)
+
+    def info(self, instance: int) -> dict:
+        m = self.worker(instance)
+        if m is None:
+            return {}
+        return {"threads": task_concurrency(m.cores), "heap_mb": m.memory_mb, "memory_mb": m.memory_mb, "pid": m.pid,
+                "node_id": m.extra.get("node_id")}
+
+    def instance_extra(self, d: dict) -> dict:
+        return {"heap_mb": d["memory_mb"], "node_id": d["node_id"], "coordinator": self.endpoint}
+
+    def rss_mb(self) -> dict[str, float]:
+        """Resident memory of every JVM (MiB), keyed coordinator / worker-<i>."""
+        import psutil
+
+        out = {}
+        for m in self.members:
+            try:
+                out[m.role if m.instance is None else f"{m.role}-{m.instance}"] = \
+                    round(psutil.Process(m.pid).memory_info().rss / 2**20, 1)
+            except psutil.Error:
+                pass
+        return out
 
     def connect_hints(self, state) -> list[str]:
         host, port = self.coordinator
@@ -354,22 +412,13 @@ class TrinoCluster(ProcessCluster):
                  f"query: tilewise query --name {state.name} \"SELECT ...\""
                  + (f"  (catalog hive, schema {schema})" if schema else ""),
                  f"   or: python -c \"import trino; c = trino.dbapi.connect(host='{host}', port={port}, user='me', "
-                 f"catalog='hive'{', schema=' + repr(schema) if schema else ''}).cursor(); "
+                 f"catalog='{hive.CATALOG}'{', schema=' + repr(schema) if schema else ''}).cursor(); "
                  "c.execute('SELECT 1'); print(c.fetchall())\"",
                  f"workers on other hosts: tilewise join --engine trino --coordinator <this host>:{port} --policy P "
                  "(start this cluster with --host <routable address> for that; the data set must be at the same "
                  "path on every host)"]
         return lines
 
-    @classmethod
-    def default_memory_mb(cls, plan: Plan, node_memory: dict[int, int]) -> dict[int, int]:
-        return worker_memory_mb(plan, node_memory, min_mb=COORDINATOR_MIN_MB)
-
-
-def _throwaway_catalog(root: Path) -> dict:
-    from tilewise.engines import trino_hive
-
-    return trino_hive.catalog_properties(root / "metastore")
 
 
 def _one_line(e: BaseException) -> str:
@@ -377,4 +426,3 @@ def _one_line(e: BaseException) -> str:
     name = getattr(e, "error_name", None)
     text = " ".join(str(msg).split())[:800]
     return f"{name}: {text}" if name else text
-

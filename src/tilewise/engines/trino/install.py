@@ -32,12 +32,12 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from tilewise import dirs
-from tilewise.fsutil import replace_dir
+from tilewise.engines.contract import Progress
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.fsutil import replace_dir
 
 DEFAULT_VERSION = "476"
 DEFAULT_MIRROR = "https://repo1.maven.org/maven2"
@@ -150,16 +150,6 @@ def missing() -> str | None:
 
 # ---- downloading --------------------------------------------------------------------------------
 
-@dataclass
-class Progress:
-    """What the installer reports while it works (the CLI renders a rich progress bar)."""
-
-    def begin(self, what: str, total: int | None, done: int = 0) -> None: ...
-    def advance(self, n: int) -> None: ...
-    def end(self) -> None: ...
-    def message(self, text: str) -> None: ...
-
-
 def _open(url: str, headers: dict | None = None, timeout: float = 60.0):
     req = urllib.request.Request(url, headers={"User-Agent": "tilewise", **(headers or {})})
     return urllib.request.urlopen(req, timeout=timeout)
@@ -221,7 +211,7 @@ def download(url: str, dest: Path, algo: str, digest: str, progress: Progress | 
                 have = 0
             length = resp.headers.get("Content-Length")
             total = have + int(length) if length else None
-            progress.begin(f"trino-server {dest.name}", total, have)
+            progress.begin(f"trino-server {dest.name}", total, have, unit="bytes")
             try:
                 with open(part, "ab" if have else "wb") as out:
                     try:

@@ -1,0 +1,242 @@
+"""The engine contract: what an engine package exports (one EngineSpec, `SPEC`) and what its runtime
+does (a Runtime). The harness (`bench tpch`, `bench overhead`, `bench elastic`) and the cluster
+commands (`up/status/query/down/join`) talk only to these, so an engine is one folder: its spec, its
+runtime, and whatever processes the runtime starts. docs/adding-an-engine.md walks through one.
+
+- EngineSpec: the engine's name, its capabilities as data (replicas or cooperating workers, refresh
+  functions, workers that join from other hosts, its memory knobs), `missing()` (the exact install
+  hint), `version()`, an install step where it needs one, and an optional SQL dialect hook that
+  rewrites a benchmark query (keyed by benchmark and query) into the engine's dialect.
+- Runtime: one running deployment of the engine (one bound process or worker per plan instance),
+  used by the benchmarks (it dies with tilewise) and by `tilewise up` (detached, recorded in a state
+  file and driven again by later commands): start, run_query, apply_refresh, status, info, close, stop.
+  engines.procgroup.ProcessCluster implements the process part of it for every built-in engine.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from tilewise.engines.memory import MemoryKnob
+from tilewise.errors import TilewiseError
+
+if TYPE_CHECKING:  # only for annotations: the contract imports no engine and no data module
+    from tilewise.data import Dataset
+    from tilewise.plan import Plan
+
+
+# ---- the spec -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the harness and the cluster commands may ask of an engine, known before it starts."""
+
+    # True: every instance holds a full copy of the data and a query runs on one instance (they do
+    # not cooperate on a query, e.g. DuckDB): a throughput test needs streams >= instances, and
+    # `tilewise query --instance I` picks one. False: the workers cooperate on every query (instance -1).
+    replicas: bool = False
+    refresh: bool = False  # apply_refresh() works: the engine writes its tables (TPC-H RF1/RF2)
+    join: bool = False  # workers can join a coordinator on another host (`tilewise join`)
+    memory: MemoryKnob | None = None  # what --worker-memory sets, its minimum and default
+    coordinator_memory: MemoryKnob | None = None  # what --coordinator-memory sets (a coordinator with its own heap)
+
+
+@dataclass(frozen=True)
+class Query:
+    """Which benchmark query a text is, for an engine's dialect hook."""
+
+    benchmark: str  # "tpch", "jcch", ... (the benchmark registry's name)
+    id: int | str  # the query's id in its benchmark's catalog: 6, or "2a" where a query has parts
+    stream: int  # 0: the power test; 1..S: the throughput test's streams
+    key: str  # the reference-answer name: equal text, equal key ("q01" for TPC-H's validation text)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine, as its package exports it (``SPEC``); the registry (tilewise.engines) lists it."""
+
+    name: str  # the registry name, lower case: what --engine takes
+    title: str  # for messages: "DuckDB", "Spark", "Trino"
+    summary: str  # one line: what `up` starts ("one server per instance", "master + workers")
+    runtime: str  # "module:Class" of its Runtime, imported on first use
+    capabilities: Capabilities
+    missing: Callable[[], str | None]  # why it cannot run here and exactly what to install; None: it can
+    version: Callable[[], str]  # the version results record, e.g. "1.2.0" or "trino 476"
+    # its install step, for engines that are not pip packages: install(version, progress, keep_download)
+    # -> a dict of what was installed (shown by `tilewise engines install`); uninstall(version) -> paths removed
+    install: Callable[..., dict] | None = None
+    uninstall: Callable[..., list[str]] | None = None
+    # rewrite a benchmark query's text into the engine's dialect (None: it runs the text as written)
+    dialect: Callable[[str, Query], str] | None = None
+    endpoint_label: str = "at"  # how `status` names its endpoint: "master", "coordinator", "sockets in"
+
+    def runtime_class(self) -> type[Runtime]:
+        module, _, attr = self.runtime.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise TilewiseError(f"the {self.name} engine's runtime {self.runtime} cannot be loaded: {e}",
+                                f"check the package that provides {module}") from None
+        return cls
+
+    def sql(self, text: str, query: Query) -> str:
+        """The text this engine runs for a benchmark query (its dialect hook applied, if any)."""
+        return self.dialect(text, query) if self.dialect is not None else text
+
+
+class Progress:
+    """What an install step reports while it works (the command line renders progress bars)."""
+
+    def begin(self, what: str, total: int | None, done: int = 0, unit: str = "items") -> None: ...
+    def advance(self, n: int) -> None: ...
+    def end(self) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+# ---- answers and status -----------------------------------------------------------------------------
+
+class ArrowRows(Sequence):
+    """The rows of a query result whose first rows came as tuples and the rest as an Arrow IPC
+    stream, turned into Python tuples only when first used (after the harness's clock stopped): the
+    values equal what DuckDB's fetchall() returns (Decimal, date, str, int, float; HUGEINT exported
+    losslessly becomes int)."""
+
+    def __init__(self, head: list[tuple], ipc: bytes | bytearray | memoryview) -> None:
+        self._head = head
+        self._ipc = ipc
+        self._table = None
+        self._rows: list[tuple] | None = None
+
+    @property
+    def table(self):
+        """The rows after the first ones, as a pyarrow.Table (zero-copy over the received bytes)."""
+        if self._table is None:
+            import pyarrow as pa
+
+            self._table = pa.ipc.open_stream(pa.py_buffer(self._ipc)).read_all()
+        return self._table
+
+    def _materialise(self) -> list[tuple]:
+        if self._rows is None:
+            cols = [_column_values(c) for c in self.table.columns]
+            self._rows = list(self._head) + (list(zip(*cols)) if cols else [])
+        return self._rows
+
+    def __len__(self) -> int:
+        return self._rows.__len__() if self._rows is not None else len(self._head) + self.table.num_rows
+
+    def __getitem__(self, i):
+        return self._materialise()[i]
+
+    def __iter__(self):
+        return iter(self._materialise())
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ArrowRows({len(self)} rows)"
+
+
+def _column_values(col) -> list:
+    """Python values of one Arrow column; DuckDB's lossless HUGEINT/UHUGEINT (16 bytes) -> int."""
+    t = col.type
+    if getattr(t, "extension_name", "") == "arrow.opaque":
+        name = getattr(t, "type_name", "")
+        if name in ("hugeint", "uhugeint"):
+            signed = name == "hugeint"
+            return [None if b is None else int.from_bytes(b, "little", signed=signed)
+                    for chunk in col.chunks for b in chunk.storage.to_pylist()]
+    return col.to_pylist()
+
+
+@dataclass
+class QueryResult:
+    columns: list[str]
+    rows: Sequence[tuple]  # full result, for validation (a list, or ArrowRows converted on first use)
+    elapsed_s: float  # time inside the engine for this query (excludes result transfer to tilewise)
+    instance: int  # which plan instance ran it (-1: the whole cluster, e.g. Spark)
+
+
+@dataclass
+class InstanceStatus:
+    id: int
+    pid: int | None
+    cpus: tuple[int, ...]
+    mem_nodes: tuple[int, ...]
+    mem_policy: str
+    binding_verified: bool | None  # True read back and matches, False mismatch, None not checkable (detail says why)
+    healthy: bool
+    detail: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def instance_statuses(plan: Plan, docs: dict[int, dict], extra) -> list[InstanceStatus]:
+    """Per plan instance, from the cluster's worker status documents (ProcessCluster.member_status);
+    extra(doc) -> the engine's own details. An instance without a worker is reported, not skipped."""
+    out = []
+    for inst in plan.instances:
+        d = docs.get(inst.id)
+        if d is None:
+            out.append(InstanceStatus(inst.id, None, tuple(inst.cpus), tuple(inst.mem_nodes), inst.mem_policy,
+                                      False, False, "worker not started"))
+            continue
+        out.append(InstanceStatus(inst.id, d["pid"], tuple(inst.cpus), tuple(inst.mem_nodes), inst.mem_policy,
+                                  d["binding_verified"], bool(d["healthy"]), d["detail"], extra(d)))
+    return out
+
+
+# ---- the runtime --------------------------------------------------------------------------------------
+
+class Runtime(abc.ABC):
+    """One deployment of an engine: a bound process or worker per plan instance. The benchmarks start
+    one that dies with tilewise; `tilewise up` starts one detached and later commands rebuild it from
+    the state file (engines.procgroup.ProcessCluster) to query, inspect and stop it."""
+
+    spec: ClassVar[EngineSpec]  # the engine this runtime belongs to (its capabilities say what works)
+
+    @abc.abstractmethod
+    def start(self, plan: Plan, *, dataset: Dataset | None = None, allocator: str = "system",
+              memory_mb: dict[int, int] | None = None, coordinator_mb: int | None = None,
+              join: str | None = None, log: Callable[[str], None] | None = None) -> None:
+        """Start one bound process (or worker) per plan instance, serving `dataset` (loaded or
+        registered); memory_mb: the memory knob per instance (None: the spec's default for this
+        machine); join: a coordinator on another host whose cluster the workers join instead."""
+
+    @abc.abstractmethod
+    def run_query(self, sql: str, *, instance: int | None = None, timeout_s: float | None = None) -> QueryResult:
+        """Run one query; instance=None lets the engine route it (the least busy replica / the whole
+        cluster); a replica engine accepts an instance id."""
+
+    def apply_refresh(self, function: str, rset) -> float:
+        """Apply TPC-H refresh function `function` ("RF1", "RF2", or "undo-RF1"/"undo-RF2", which
+        restore the loaded state) of update set `rset` as one transaction; a replica engine applies
+        it to every instance. Returns the seconds until every instance committed. Only engines whose
+        spec says capabilities.refresh implement it."""
+        raise TilewiseError(f"the {self.spec.name} engine cannot apply refresh functions")
+
+    @abc.abstractmethod
+    def status(self) -> list[InstanceStatus]:
+        """Per plan instance: pid, binding read back from /proc, health (a crashed instance is unhealthy)."""
+
+    def info(self, instance: int) -> dict:
+        """The engine's settings of one instance as results record them: threads, memory_mb, load_s;
+        where the engine knows them, its process's CPU seconds so far (cpu_s) and ctx_involuntary."""
+        return {}
+
+    def close(self) -> None:
+        """Release what this process holds (connections, a query driver); the deployment keeps running."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop every process of the deployment; idempotent; leaves no orphan."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,15 @@
+"""The DuckDB runtime: engines.replicas with DuckDB's server module and its refresh functions."""
+
+from __future__ import annotations
+
+from tilewise.data import refresh
+from tilewise.engines.duckdb import SPEC
+from tilewise.engines.replicas import ReplicaServers
+
+
+class DuckDBServers(ReplicaServers):
+    spec = SPEC
+    server_module = "tilewise.engines.duckdb.server"
+
+    def refresh_statements(self, function: str, rset) -> list[str]:
+        return refresh.statements(function, rset, self.dataset)

@@ -1,0 +1,42 @@
+"""Spark SQL: a standalone master, one bound worker per plan instance (its executor inherits the
+binding), and a driver process that runs the SQL; the workers cooperate on every query.
+
+The runtime (cluster.SparkCluster) serves `bench tpch` (a driver for the whole run) and
+`up/join/status/query/down` (the cluster stays free for users' own applications: `tilewise query`
+starts a driver for its query and stops it after). Workers on other hosts join with `tilewise
+join`. Spark does not write tilewise's tables: no refresh functions. Its memory knob is the worker
+JVM's memory (--worker-memory; default half of its node's memory, at most 31 GiB).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version as dist_version
+
+from tilewise.engines.contract import Capabilities, EngineSpec
+from tilewise.engines.memory import MemoryKnob
+from tilewise.engines.spark.home import spark_home
+from tilewise.errors import TilewiseError
+
+
+def missing() -> str | None:
+    try:
+        spark_home()
+    except TilewiseError as e:
+        return str(e)
+    return None
+
+
+def version() -> str:
+    return f"pyspark {dist_version('pyspark')}"
+
+
+SPEC = EngineSpec(
+    name="spark",
+    title="Spark",
+    summary="a Spark standalone master + one bound worker per instance (they cooperate on every query)",
+    runtime="tilewise.engines.spark.cluster:SparkCluster",
+    capabilities=Capabilities(replicas=False, refresh=False, join=True, memory=MemoryKnob("worker JVM memory")),
+    missing=missing,
+    version=version,
+    endpoint_label="master",
+)

@@ -1,0 +1,61 @@
+"""Trino: a coordinator plus one bound worker per plan instance, over the data set's Parquet; the
+workers cooperate on every query.
+
+The runtime (cluster.TrinoCluster) serves `bench tpch` and `up/join/status/query/down`; the data set
+is served by the Hive connector through hard links, no copy (hive.py), with statistics gathered once
+per data set. The server is not a pip package: `tilewise engines install trino` downloads it
+(install.py). Trino does not write tilewise's tables: no refresh functions. Memory knobs: the
+worker heap (--worker-memory) and the coordinator heap (--coordinator-memory).
+"""
+
+from __future__ import annotations
+
+from tilewise.engines.contract import Capabilities, EngineSpec
+from tilewise.engines.memory import MemoryKnob
+from tilewise.engines.trino import install
+
+COORDINATOR_MIN_MB = 768
+
+
+def missing() -> str | None:
+    return install.missing()
+
+
+def version() -> str:
+    return f"trino {install.version()}"
+
+
+def install_step(version: str | None = None, progress=None, keep_download: bool = False) -> dict:
+    """Download, check and unpack the server into the user cache; what `engines install trino` shows."""
+    path = install.install(version, progress=progress, keep_tarball=keep_download)
+    try:
+        java, java_problem = str(install.java_home()), None
+    except install.InstallError as e:
+        java, java_problem = None, str(e)
+    doc = {"engine": "trino", "version": version or install.version(), "server": str(path), "java_home": java,
+           "java_problem": java_problem, "client": install.client_available()}
+    doc["notes"] = [f"trino-server {doc['version']}: {path}", f"java: {java or java_problem}"]
+    if not doc["client"]:
+        doc["notes"].append("python client missing: pip install 'tilewise[trino]'")
+    return doc
+
+
+def uninstall_step(version: str | None = None) -> list[str]:
+    return install.uninstall(version)
+
+
+SPEC = EngineSpec(
+    name="trino",
+    title="Trino",
+    summary="a Trino coordinator + one bound worker per instance (they cooperate on every query)",
+    runtime="tilewise.engines.trino.cluster:TrinoCluster",
+    capabilities=Capabilities(replicas=False, refresh=False, join=True,
+                              memory=MemoryKnob("worker JVM heap", default_min_mb=COORDINATOR_MIN_MB),
+                              coordinator_memory=MemoryKnob("coordinator JVM heap", default_text="half the smallest "
+                                                            "worker's heap, 768 MiB to 4 GiB")),
+    missing=missing,
+    version=version,
+    install=install_step,
+    uninstall=uninstall_step,
+    endpoint_label="coordinator",
+)
