@@ -237,6 +237,7 @@ def check(ds: Dataset, *, threads: int = 2) -> CheckResult:
     con = duckdb.connect()
     try:
         con.execute(f"SET threads = {int(threads)}")
+        con.execute("SET enable_progress_bar = false")
         # small sets are read into memory once (the checks read each table many times); big ones stay views
         kind = "TABLE" if ds.parquet_bytes() < IN_MEMORY_BYTES else "VIEW"
         for t, p in ds.tables.items():

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.bench import validate as v
+from tilewise.benchmarks.tpcds import rewrites
 from tilewise.data import Dataset
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
@@ -76,14 +77,13 @@ class Reference:
     """DataFusion's answers for one TPC-DS data set under one NULL order, cached per statement text in
     <data>/reference/tpcds-f1-datafusion-<version>/<null order>/<key>.json."""
 
-    def __init__(self, dataset: Dataset, *, null_order: str = "nulls_max", rewrite=None) -> None:
+    def __init__(self, dataset: Dataset, *, null_order: str = "nulls_max") -> None:
         if null_order not in NULL_ORDERS:
             raise UsageError(f"unknown NULL order {null_order!r}", f"use one of {', '.join(NULL_ORDERS)}")
         self.dataset = dataset
         self.null_order = null_order
         self.version = v.reference_engine_version()
         self.cache_dir = Path(dataset.dir) / "reference" / f"tpcds-f1-datafusion-{self.version}" / null_order
-        self.rewrite = rewrite  # sql -> the text DataFusion runs (reference-only rewrites), or None
         self._mem: dict[str, tuple[str, Answer]] = {}
         self._ctx = None
         self.computed: list[str] = []  # keys computed (not read from the cache) by this object
@@ -102,14 +102,14 @@ class Reference:
         return self._ctx
 
     def _run(self, sql: str, key: str):
-        text = self.rewrite(sql) if self.rewrite else sql
+        text = rewrites.reference_sql(statement_of(key), sql)
         try:
             table = self._context().sql(text).to_arrow_table()
         except Exception as e:  # noqa: BLE001 - DataFusion raises several types; all mean "no answer"
             raise TilewiseError(f"the reference engine (DataFusion) failed on {key}: {' '.join(str(e).split())[:300]}") from None
         cols = [v.Column(f.name, str(f.type), v.arrow_kind(f.type)) for f in table.schema]
-        data = table.to_pydict()
-        rows = list(zip(*(data[c] for c in table.column_names))) if table.column_names else []
+        # by position: TPC-DS answers repeat column names (q39's two d_moy), which a dict would merge
+        rows = list(zip(*(c.to_pylist() for c in table.columns))) if table.num_columns else []
         return cols, v.norm_rows(rows)
 
     def _compute(self, sql: str, key: str) -> Answer:
@@ -167,6 +167,11 @@ class Reference:
 
     def check(self, sql: str, key: str, rows) -> v.Check:
         return compare(v.norm_rows(rows), self.answer(sql, key), sql)
+
+
+def statement_of(key: str) -> str:
+    """"q14a" or "q14a-s3-..." -> "14a": cache keys start with the statement's label."""
+    return key.split("-", 1)[0].lstrip("q")
 
 
 def _order_length(sql: str) -> int:

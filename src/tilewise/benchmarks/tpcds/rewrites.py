@@ -1,0 +1,68 @@
+"""Documented rewrites of TPC-DS statements, each a literal edit that must match exactly as often as
+stated (so a changed kit fails loudly instead of running an unrewritten text).
+
+REFERENCE: for the reference engine (DataFusion) only, where its decimal arithmetic would make the
+reference less exact than the query's mathematics (DataFusion keeps a decimal division at a fixed
+scale, 6 or 8 digits, and q61 then multiplies by 100, q66 sums many such quotients, so the last
+digits it reports are not exact). The rewrites compute the same expression exactly enough; engines
+under test always get the text as written.
+
+DIALECTS: per engine dialect, where the engine's SQL differs from the standard the reference follows
+(the engine's folder takes them over with the engine contract). DuckDB:
+- integer / integer is a floating division in DuckDB; the SQL standard (and DataFusion, Trino,
+  PostgreSQL) truncates. q21, q34, q73, q78 and q83 divide integers; DuckDB gets `//`.
+- `at` is a reserved word in DuckDB; q90 names a derived table `at`: it is quoted.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tilewise.errors import TilewiseError
+
+# statement -> [(regex, replacement, expected number of matches)]
+Rule = tuple[str, str, int]
+
+REFERENCE: dict[str, list[Rule]] = {
+    # (p / t) * 100 at DataFusion's division scale loses the last digits: (p * 100) / t keeps them
+    "61": [(r"cast\(promotions as decimal\(15,4\)\)/cast\(total as decimal\(15,4\)\)\*100",
+            "cast(promotions as decimal(15,4))*100/cast(total as decimal(15,4))", 1)],
+    # twelve sums of quotients at scale 6: each quotient in double precision instead
+    "66": [(r"sum\((\w+_sales)/w_warehouse_sq_ft\)", r"sum(cast(\1 as double)/w_warehouse_sq_ft)", 12)],
+}
+
+_INT_DIV = r"(?<!/)/(?![/*])"
+DIALECTS: dict[str, dict[str, list[Rule]]] = {
+    "duckdb": {
+        "21": [(r"inv_after / inv_before", "inv_after // inv_before", 1)],
+        "34": [(r"hd_dep_count/ household_demographics\.hd_vehicle_count",
+                "hd_dep_count// household_demographics.hd_vehicle_count", 1)],
+        "73": [(r"hd_dep_count/ household_demographics\.hd_vehicle_count",
+                "hd_dep_count// household_demographics.hd_vehicle_count", 1)],
+        "78": [(r"round\(ss_qty/\(", "round(ss_qty//(", 1)],
+        "83": [(r"(\w\w_item_qty)/\(sr_item_qty\+cr_item_qty\+wr_item_qty\)/3\.0", r"\1//(sr_item_qty+cr_item_qty+wr_item_qty)/3.0", 3)],
+        "90": [(r"\)\s+at,", ') "at",', 1)],
+    },
+}
+
+
+def apply(rules: list[Rule], sql: str, what: str) -> str:
+    for pattern, repl, count in rules:
+        sql, n = re.subn(pattern, repl, sql)
+        if n != count:
+            raise TilewiseError(f"the {what} rewrite /{pattern}/ matched {n} times, expected {count}",
+                                "the query kit changed: check tilewise.benchmarks.tpcds.rewrites")
+    return sql
+
+
+def reference_sql(statement: str, sql: str) -> str:
+    """The text DataFusion runs for a statement (unchanged unless REFERENCE names it)."""
+    return apply(REFERENCE[statement], sql, f"reference q{statement}") if statement in REFERENCE else sql
+
+
+def for_dialect(dialect: str | None, statement: str, sql: str) -> tuple[str, bool]:
+    """The text an engine of `dialect` runs, and whether it was rewritten."""
+    rules = DIALECTS.get(dialect or "", {}).get(statement)
+    if not rules:
+        return sql, False
+    return apply(rules, sql, f"{dialect} q{statement}"), True
