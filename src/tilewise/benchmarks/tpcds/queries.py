@@ -139,12 +139,12 @@ def split_stream(text: str) -> list[Statement]:
 # parses (DuckDB, DataFusion, Spark and Trino all reject it). The specification allows date arithmetic
 # in the system's syntax as a minor query modification (clause 4.2.3.4); every engine gets the SQL
 # standard's interval literal instead: `+ interval '14' day`. Nothing else in the text changes.
-_DAYS = re.compile(r"([+-])(\s*)(\d+)\s+days\b", re.I)
+_DAYS = re.compile(r"(as date\)\s*)([+-])\s*(\d+)\s+days\b", re.I)
 
 
 def interval_literals(sql: str) -> tuple[str, int]:
     """sql with `+ N days` / `- N days` as `+ interval 'N' day`, and how many were rewritten."""
-    return _DAYS.subn(lambda m: f"{m.group(1)} interval '{m.group(3)}' day", sql)
+    return _DAYS.subn(lambda m: f"{m.group(1)}{m.group(2)} interval '{m.group(3)}' day", sql)
 
 
 # ---- selections ------------------------------------------------------------------------------------

