@@ -27,6 +27,9 @@ REFERENCE: dict[str, list[Rule]] = {
     # (p / t) * 100 at DataFusion's division scale loses the last digits: (p * 100) / t keeps them
     "61": [(r"cast\(promotions as decimal\(15,4\)\)/cast\(total as decimal\(15,4\)\)\*100",
             "cast(promotions as decimal(15,4))*100/cast(total as decimal(15,4))", 1)],
+    # x / (s / 3) * 100 at DataFusion's division scales: 300 * x / s is one division (three columns)
+    "58": [(r"(\w\w)_item_rev/\(\(ss_item_rev\+cs_item_rev\+ws_item_rev\)/3\) \* 100",
+            r"\1_item_rev*300/(ss_item_rev+cs_item_rev+ws_item_rev)", 3)],
     # twelve sums of quotients at scale 6: each quotient in double precision instead
     "66": [(r"sum\((\w+_sales)/w_warehouse_sq_ft\)", r"sum(cast(\1 as double)/w_warehouse_sq_ft)", 12)],
 }

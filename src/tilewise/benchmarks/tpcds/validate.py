@@ -148,7 +148,8 @@ class Reference:
         ans = None
         try:
             doc = json.loads(path.read_text())
-            if doc.get("format") == REF_FORMAT and doc.get("sql") == sql and doc.get("sha256") == digest(doc["answer"]):
+            if (doc.get("format") == REF_FORMAT and doc.get("sql") == sql and doc.get("sha256") == digest(doc["answer"])
+                    and doc.get("reference_sql") == rewrites.reference_sql(statement_of(key), sql)):
                 ans = Answer.from_json(doc["answer"])
         except (OSError, ValueError, AttributeError, KeyError, TypeError):
             pass
@@ -158,7 +159,9 @@ class Reference:
             body = ans.to_json()
             try:
                 atomic_write_json(path, {"format": REF_FORMAT, "engine": f"datafusion {self.version}", "key": key,
-                                         "null_order": self.null_order, "sql": sql, "sha256": digest(body),
+                                         "null_order": self.null_order, "sql": sql,
+                                         "reference_sql": rewrites.reference_sql(statement_of(key), sql),
+                                         "sha256": digest(body),
                                          "answer": body}, indent=None)
             except OSError:
                 pass  # a read-only data directory only costs recomputation next time
