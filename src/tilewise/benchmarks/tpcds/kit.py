@@ -16,7 +16,6 @@ import importlib.metadata
 import importlib.util
 import json
 import platform
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -176,10 +175,3 @@ def _scale_arg(sf: float) -> str:
     """dsqgen takes the scale factor as a whole number of GB; its parameter ranges below SF 1 are SF 1's."""
     return str(max(1, int(round(float(sf)))))
 
-
-def copy_templates(dst: Path) -> None:
-    """Copy the 99 templates (with their legal notice) to dst, for users who want the texts."""
-    kit = find()
-    dst.mkdir(parents=True, exist_ok=True)
-    for p in sorted(kit.templates.glob("query*.tpl")):
-        shutil.copy2(p, dst / p.name)
