@@ -42,7 +42,7 @@ def rss_of(engine) -> dict[str, float]:
 
 def run_one(name: str, policy: str, k, dataset, ref, warm_runs: int, worker_memory: str | None) -> dict:
     from tilewise import engines, plan, topology
-    from tilewise.bench import queries as Q
+    from tilewise.benchmarks.tpch import queries as Q
 
     p = plan.plan(topology.load(None), policy, instances=k)
     cls = engines.get(name)
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     from tilewise import environment, topology
     from tilewise.bench import validate
-    from tilewise.data import tpch as tpch_data
+    from tilewise.benchmarks.tpch import data as tpch_data
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

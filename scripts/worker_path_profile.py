@@ -23,8 +23,8 @@ import psutil
 
 from tilewise import plan as planner
 from tilewise import topology
-from tilewise.bench import queries as Q
-from tilewise.data import tpch
+from tilewise.benchmarks.tpch import queries as Q
+from tilewise.benchmarks.tpch import data as tpch
 from tilewise.engines.duckdb import DuckDBEngine
 
 

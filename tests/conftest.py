@@ -132,6 +132,6 @@ def cli():
 @pytest.fixture(scope="session")
 def jcch_sf01(tmp_path_factory):
     """A JCC-H SF 0.1 set (seed 0), generated once per test session into a tmp dir (~10 s)."""
-    from tilewise.data import jcch
+    from tilewise.benchmarks.jcch import data as jcch
 
     return jcch.dataset(0.1, tmp_path_factory.mktemp("jcch-data"), seed=0)

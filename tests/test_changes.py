@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tilewise import changes, procs
+from tilewise import changes, launch, procs
+from tilewise.binding import Binding
 from tilewise.errors import TilewiseError
 
 
@@ -183,16 +184,14 @@ def test_commit_keeps_the_changes_and_forgets_them(tmp_path):
 
 
 def test_started_process_is_stopped_on_undo():
-    from tilewise import launch
-
-    c = launch.spawn(["sh", "-c", "sleep 60 & wait"], launch.Binding(None))
+    c = launch.spawn(["sh", "-c", "sleep 60 & wait"], Binding(None))
     t = changes.StartedProcess(c.pid, c.ident.start, c.token, name="sh")
     s = changes.Session("up")
     s.record(t, "state", "stopped", "running")
     rep = s.close()
     assert [o.result for o in rep.outcomes] == ["restored"]
     c.wait(timeout=5)
-    assert not launch._members([c.tree()], "/proc")
+    assert not procs.members([c.tree()], "/proc")
 
 
 # ---- in another process: kill -9, signals during undo -------------------------------------------

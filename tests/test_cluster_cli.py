@@ -10,6 +10,7 @@ import pytest
 
 from conftest import run_cli
 from tilewise import cluster, plan, topology
+from tilewise.binding import Binding
 from tilewise.engines import spark_cluster as sc
 from tilewise.engines.spark import spark_schema
 from tilewise.errors import TilewiseError, UsageError
@@ -95,7 +96,7 @@ def test_unknown_format_and_damaged_state_are_errors(state_env):
 def test_status_of_dead_cluster_reports_crash_not_hang(state_env):
     # a recorded cluster whose processes are long gone (pid 1's start time never matches 0.0)
     st = _state("ghost")
-    st.members = [sc.Member("worker", 0, 1, 0.0, sc.launch.Binding((0,)), "/nonexistent.log", 1, 512).to_json()]
+    st.members = [sc.Member("worker", 0, 1, 0.0, Binding((0,)), "/nonexistent.log", 1, 512).to_json()]
     st.plan = {"policy": "wim", "instances": [{"id": 0, "cpus": [0]}]}
     cluster.save(st)
     cp = run_cli("status", "--name", "ghost", "--json", env=state_env)

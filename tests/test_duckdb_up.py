@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_cli, wait_gone
 from tilewise import cpulist, plan, topology
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 
 
 @pytest.fixture

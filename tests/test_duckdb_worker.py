@@ -15,9 +15,9 @@ import duckdb
 import pytest
 
 from tilewise import plan, topology
-from tilewise.bench import queries
+from tilewise.benchmarks.tpch import queries
 from tilewise.data import Dataset
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.engines.base import ArrowRows
 from tilewise.engines.duckdb import DuckDBEngine
 from tilewise.engines.duckdb_worker import SMALL

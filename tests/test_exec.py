@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tilewise import allocators, cpulist, launch, plan, topology
+from tilewise import allocators, cpulist, launch, plan, procs, topology, verification
+from tilewise.binding import Binding
 
 from conftest import FIXTURES
 
@@ -89,16 +90,16 @@ def test_exported_topology_of_this_machine_is_runnable(cli, tmp_path):
     assert cp.returncode == 0, cp.stderr
 
 
-def _binding_for_this_machine(policy="wim", **kw) -> launch.Binding:
+def _binding_for_this_machine(policy="wim", **kw) -> Binding:
     p = plan.plan(topology.load(None), policy, **kw)
-    return launch.Binding.from_instance(p.instances[0])
+    return Binding.from_instance(p.instances[0])
 
 
 def test_verify_reports_a_mismatch():
     proc = subprocess.Popen(["sleep", "5"])
     try:
-        wrong = launch.Binding((0,) if LAST_CPU else (0, 1), "membind", (0,))
-        v = launch.verify(proc.pid, wrong)
+        wrong = Binding((0,) if LAST_CPU else (0, 1), "membind", (0,))
+        v = verification.verify(proc.pid, wrong)
         if os.sched_getaffinity(0) != {0}:
             assert not v.ok
             assert v.checks["cpus"].state == "mismatch"
@@ -116,11 +117,11 @@ def test_spawn_and_verify_each_policy():
         b = _binding_for_this_machine("wic", mem=mem)
         proc = launch.spawn(["sleep", "2"], b)
         try:
-            v = launch.verify(proc.pid, b)
+            v = verification.verify(proc.pid, b)
             assert v.ok, (mem, v.problems)
             assert v.cpus == b.cpus
         finally:
-            launch.stop(proc)
+            procs.stop(proc)
 
 
 def test_binding_of_a_child_is_inherited_by_grandchildren():
@@ -132,9 +133,9 @@ def test_binding_of_a_child_is_inherited_by_grandchildren():
 
         kids = psutil.Process(proc.pid).children()
         assert kids
-        assert launch.verify(kids[0].pid, b).ok
+        assert verification.verify(kids[0].pid, b).ok
     finally:
-        launch.stop(proc)
+        procs.stop(proc)
 
 
 def test_supervisor_leaves_no_orphans():
@@ -165,7 +166,7 @@ def test_supervisor_detects_a_crashed_child():
 
 def test_bad_cpu_binding_is_a_clear_error():
     with pytest.raises(launch.LaunchError, match="could not bind"):
-        launch.spawn(["true"], launch.Binding((4095,)))
+        launch.spawn(["true"], Binding((4095,)))
 
 
 def test_exec_sigterm_stops_the_child(tmp_path):

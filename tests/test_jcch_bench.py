@@ -12,9 +12,9 @@ from rich.console import Console
 
 from conftest import run_cli
 from test_tpch_metrics import LocalEngine, Steps
-from tilewise.bench import jcch_queries as JQ
+from tilewise.benchmarks.jcch import queries as JQ
 from tilewise.bench import tpch
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.errors import UsageError
 from tilewise.results import model, report
 

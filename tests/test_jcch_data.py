@@ -13,9 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import run_cli
-from tilewise.data import TABLES, jcch, jcch_check, table_paths
-from tilewise.data import jcch_rules as J
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.jcch import check as jcch_check
+from tilewise.benchmarks.jcch import data as jcch
+from tilewise.benchmarks.jcch import rules as J
+from tilewise.benchmarks.tpch import data as tpch_data
+from tilewise.data import TABLES, table_paths
 
 SF1 = J.Sizes.for_sf(1)
 HS1 = J.Hashes.of(SF1)

@@ -10,10 +10,11 @@ import datetime as dt
 import duckdb
 import pytest
 
-from tilewise.bench import jcch_queries as JQ
-from tilewise.bench import queries as Q
 from tilewise.bench import validate
-from tilewise.data import jcch_rules as J
+from tilewise.benchmarks.jcch import queries as JQ
+from tilewise.benchmarks.jcch import rules as J
+from tilewise.benchmarks.tpch import queries as Q
+from tilewise.benchmarks.tpch.reference import reference_sql
 
 # the TPC-H validation parameters that qNN.sql carries, in this module's parameter names
 TPCH = {
@@ -181,7 +182,7 @@ def test_reference_q21_form_answers_what_the_written_q21_answers(jcch_sf01):
     reaches the reference as written."""
     import datafusion
 
-    from tilewise.data import tpch
+    from tilewise.benchmarks.tpch import data as tpch
 
     for ds in (jcch_sf01, tpch.dataset(0.01)):
         ctx = datafusion.SessionContext()
@@ -189,16 +190,16 @@ def test_reference_q21_form_answers_what_the_written_q21_answers(jcch_sf01):
             ctx.register_parquet(t, str(p))
         sqls = [JQ.binding(21, "skewed", seed=s, stream=0, sf=0.1).sql for s in range(3)] + [Q.load(21)]
         for sql in sqls:
-            fast = validate.reference_sql(sql)
+            fast = reference_sql(sql)
             assert fast != sql and "exists" not in fast.lower()
             written = ctx.sql(sql).to_arrow_table().to_pylist()
             assert written and ctx.sql(fast).to_arrow_table().to_pylist() == written, sql.splitlines()[0]
         # a form that drops the NOT EXISTS condition answers differently: the comparison can fail
-        wrong = validate.reference_sql(Q.load(21)).replace(
+        wrong = reference_sql(Q.load(21)).replace(
             "and (q21_late_key is null or (q21_late_min = l1.l_suppkey and q21_late_max = l1.l_suppkey))", "")
         assert ctx.sql(wrong).to_arrow_table().to_pylist() != ctx.sql(Q.load(21)).to_arrow_table().to_pylist()
     for n in Q.NUMBERS:
         if n != 21:
-            assert validate.reference_sql(Q.load(n)) == Q.load(n)
-            assert validate.reference_sql(JQ.binding(n, "skewed", seed=1, stream=0, sf=1).sql) == \
+            assert reference_sql(Q.load(n)) == Q.load(n)
+            assert reference_sql(JQ.binding(n, "skewed", seed=1, stream=0, sf=1).sql) == \
                 JQ.binding(n, "skewed", seed=1, stream=0, sf=1).sql

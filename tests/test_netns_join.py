@@ -137,7 +137,7 @@ s.stop()
 @pytest.mark.trino
 @pytest.mark.slow
 def test_trino_workers_join_from_another_host(hosts, trino_ready, tmp_path):
-    from tilewise.data import tpch as tpch_data
+    from tilewise.benchmarks.tpch import data as tpch_data
 
     data = tpch_data.dataset(0.01, tmp_path / "data")  # same path on both "hosts" (one file system)
     up = hosts.run("a", "up", "--engine", "trino", "--policy", "wim", "--host", hosts.addr["a"], "--sf", "0.01",

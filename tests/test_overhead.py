@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 from tilewise import plan, topology
 from tilewise.bench import overhead as ov
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 
 
 @pytest.fixture(scope="module")

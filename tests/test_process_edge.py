@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tilewise import launch, procs
+from tilewise import changes, launch, procs, verification
+from tilewise.binding import Binding
+from tilewise.errors import UsageError
 from tilewise.procs import ProcId
 
 TILEWISE = str(Path(sys.executable).parent / "tilewise")
-NONE = launch.Binding(None)
+NONE = Binding(None)
 
 
 def _wait(cond, timeout=20.0, what="condition"):
@@ -37,9 +39,9 @@ def test_every_child_gets_its_own_session_and_a_token():
         st = procs.stat(c.pid)
         assert st.pgrp == c.pid and st.session == c.pid
         assert c.ident == ProcId(c.pid, st.start)
-        assert procs.environ_has(c.pid, launch.SPAWN_VAR, c.token)
+        assert procs.environ_has(c.pid, procs.SPAWN_VAR, c.token)
     finally:
-        rep = launch.stop(c)
+        rep = procs.stop(c)
     assert rep.ok and [p["pid"] for p in rep.stopped] == [c.pid] and rep.stopped[0]["by"] == "SIGTERM"
 
 
@@ -51,7 +53,7 @@ def test_stop_reaches_descendants_that_left_the_group_and_lost_their_parent():
     _wait(lambda: procs.stat(escaped_pid) and procs.stat(escaped_pid).comm == "sleep", what="escaped sleep")
     escaped = ProcId.of(escaped_pid)
     assert procs.stat(escaped_pid).pgrp != c.pid
-    rep = launch.stop(c, grace=2)
+    rep = procs.stop(c, grace=2)
     assert rep.ok, rep.summary()
     assert escaped.pid in [p["pid"] for p in rep.stopped]
     assert not escaped.alive()
@@ -64,7 +66,7 @@ def test_stop_works_when_the_leader_has_already_exited():
     table = procs.scan()
     left = [s.id for s in table.values() if s.pgrp == c.pid and s.state not in "ZX"]
     assert len(left) == 2
-    rep = launch.stop(c, grace=2)
+    rep = procs.stop(c, grace=2)
     assert rep.ok and sorted(p["pid"] for p in rep.stopped) == sorted(i.pid for i in left)
     assert not any(i.alive() for i in left)
 
@@ -73,7 +75,7 @@ def test_stop_escalates_to_sigkill_and_reports_only_after_checking():
     c = launch.spawn(["sh", "-c", "trap '' TERM; sleep 60 & wait"], NONE)
     _wait(lambda: len(_descendants(c.pid)) == 1, what="child")
     t0 = time.monotonic()
-    rep = launch.stop(c, grace=0.5)
+    rep = procs.stop(c, grace=0.5)
     assert time.monotonic() - t0 >= 0.5
     assert rep.ok
     by = {p["name"]: p["by"] for p in rep.stopped}
@@ -84,8 +86,8 @@ def test_stop_escalates_to_sigkill_and_reports_only_after_checking():
 def test_stop_never_signals_a_reused_pid():
     victim = subprocess.Popen(["sleep", "30"])
     try:
-        fake = launch.Tree(ProcId(victim.pid, procs.start_time(victim.pid) - 1))  # same pid, other start
-        rep = launch.stop(fake, grace=0.2)
+        fake = procs.Tree(ProcId(victim.pid, procs.start_time(victim.pid) - 1))  # same pid, other start
+        rep = procs.stop(fake, grace=0.2)
         assert rep.stopped == [] and rep.survived == []
         assert victim.poll() is None
     finally:
@@ -95,13 +97,13 @@ def test_stop_never_signals_a_reused_pid():
 
 def test_survivors_are_reported(monkeypatch):
     c = launch.spawn(["sleep", "30"], NONE)
-    monkeypatch.setattr(launch, "_signal", lambda *a: None)
+    monkeypatch.setattr(procs, "_signal", lambda *a: None)
     monkeypatch.setattr(os, "killpg", lambda *a: None)
-    rep = launch.stop(c, grace=0.1, kill_wait=0.1)
+    rep = procs.stop(c, grace=0.1, kill_wait=0.1)
     monkeypatch.undo()
     assert not rep.ok and [p["pid"] for p in rep.survived] == [c.pid]
     assert "could not stop 1" in rep.summary()
-    assert launch.stop(c).ok
+    assert procs.stop(c).ok
 
 
 def test_supervisor_stop_all_reports_what_it_stopped():
@@ -109,8 +111,6 @@ def test_supervisor_stop_all_reports_what_it_stopped():
         sup.start("a", ["sh", "-c", "sleep 30 & wait"], NONE, verify_binding=False)
         sup.start("b", ["sleep", "30"], NONE, verify_binding=False)
         _wait(lambda: len(_descendants(sup.children[0].pid)) == 1, what="child of a")
-        from tilewise import changes
-
         [j] = (changes.state_dir() / "journals").glob("*.json")  # both starts journaled first
         assert [c["target"]["kind"] for c in json.loads(j.read_text())["changes"]] == ["process", "process"]
     assert sup.report.ok and sorted(p["name"] for p in sup.report.stopped) == ["sh", "sleep", "sleep"]
@@ -118,17 +118,62 @@ def test_supervisor_stop_all_reports_what_it_stopped():
 
 
 def test_a_bad_binding_is_one_line_before_anything_starts():
-    with pytest.raises(launch.UsageError, match="unknown memory policy 'bogus'"):
-        launch.spawn(["true"], launch.Binding((0,), "bogus"))
-    with pytest.raises(launch.UsageError, match="needs at least one NUMA node"):
-        launch.spawn(["true"], launch.Binding((0,), "membind", ()))
-    with pytest.raises(launch.UsageError, match="node.*cannot be used here"):
-        launch.spawn(["true"], launch.Binding((0,), "membind", (63,)))
+    with pytest.raises(UsageError, match="unknown memory policy 'bogus'"):
+        launch.spawn(["true"], Binding((0,), "bogus"))
+    with pytest.raises(UsageError, match="needs at least one NUMA node"):
+        launch.spawn(["true"], Binding((0,), "membind", ()))
+    with pytest.raises(UsageError, match="node.*cannot be used here"):
+        launch.spawn(["true"], Binding((0,), "membind", (63,)))
 
 
 def test_a_binding_the_kernel_refuses_says_why():
     with pytest.raises(launch.LaunchError, match=r"could not bind true .*sched_setaffinity\(4095\): Invalid argument"):
-        launch.spawn(["true"], launch.Binding((4095,)))
+        launch.spawn(["true"], Binding((4095,)))
+
+
+# ---- one process identity: pid + start time -----------------------------------------------------
+
+def _fake_stat(proc: Path, pid: int, start: int, btime: int = 1_700_000_000) -> None:
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\n")
+    rest = ["S", "1", str(pid), str(pid)] + ["0"] * 15 + [str(start)] + ["0"] * 20  # field 22: start
+    (proc / str(pid) / "stat").write_text(f"{pid} (a) b) {' '.join(rest)}\n")
+
+
+def test_a_record_names_its_process_by_pid_and_start_time_and_old_records_are_upgraded(tmp_path):
+    proc = tmp_path / "proc"
+    _fake_stat(proc, 4242, start=123_456)
+    ident = ProcId(4242, 123_456)
+    assert ProcId.of(4242, str(proc)) == ident
+    created = ident.wall_clock(str(proc))
+    assert created == 1_700_000_000 + 123_456 / procs.TICKS_PER_S
+    assert ProcId.recorded(4242, start=123_456) == ident  # what tilewise writes now
+    # records from before start times carry psutil's create_time (boot time + start, in seconds)
+    assert ProcId.recorded(4242, None, created + 0.4, str(proc)) == ident
+    assert ProcId.recorded(4242, None, created - 5, str(proc)) is None  # the pid now names another process
+    assert ProcId.recorded(4243, None, created, str(proc)) is None  # gone
+    assert ProcId.recorded(4242, None, None, str(proc)) is None  # a pid alone names nothing
+    (proc / "stat").write_text("cpu  1 2 3 4\n")
+    assert ident.wall_clock(str(proc)) is None and ProcId.recorded(4242, None, created, str(proc)) is None
+
+
+def test_psutils_create_time_in_an_old_cluster_record_still_finds_the_live_member():
+    import psutil
+
+    from tilewise.engines import procgroup
+
+    child = launch.spawn(["sleep", "30"])
+    try:
+        old = {"role": "worker", "instance": 0, "pid": child.pid, "create_time": psutil.Process(child.pid).create_time(),
+               "binding": {"cpus": None}, "log": ""}  # no "start": written before start times were kept
+        m = procgroup.Member.from_json(old)
+        assert m.start == child.ident.start and m.alive() == (True, "")
+        assert procgroup.Member.from_json(m.to_json()).start == child.ident.start
+    finally:
+        procs.stop(child)
+    assert m.alive() == (False, "exited")
+    gone = procgroup.Member.from_json(old)  # loaded after the process ended
+    assert gone.start is None and gone.alive()[0] is False
 
 
 # ---- tilewise exec: signals, exit codes -------------------------------------------------------
@@ -239,7 +284,7 @@ def _fake_proc(tmp_path, numa_maps: str | None, state="S (sleeping)", maps=""):
 ])
 def test_verification_never_says_verified_for_what_it_could_not_read(tmp_path, numa_maps, state, why):
     proc = _fake_proc(tmp_path, numa_maps, state)
-    v = launch.verify(4242, launch.Binding((0, 1), "membind", (0,)), proc=proc)
+    v = verification.verify(4242, Binding((0, 1), "membind", (0,)), proc=proc)
     assert v.checks["cpus"].state == "verified"
     assert v.checks["memory"].state == "not checkable" and why in v.checks["memory"].detail
     assert v.ok and not v.verified and v.state == "not checkable" and v.verdict is None
@@ -249,9 +294,9 @@ def test_verification_never_says_verified_for_what_it_could_not_read(tmp_path, n
 
 def test_verification_reads_the_policy_most_mappings_show(tmp_path):
     maps = "1000 bind:1 anon=1\n2000 interleave:0 anon=1\n3000 interleave:0 anon=1\n"
-    v = launch.verify(4242, launch.Binding(None, "interleave", (0,)), proc=_fake_proc(tmp_path, maps))
+    v = verification.verify(4242, Binding(None, "interleave", (0,)), proc=_fake_proc(tmp_path, maps))
     assert v.checks["memory"].state == "verified" and "cpus" not in v.checks
-    v = launch.verify(4242, launch.Binding(None, "membind", (0,)), proc=str(tmp_path / "proc"))
+    v = verification.verify(4242, Binding(None, "membind", (0,)), proc=str(tmp_path / "proc"))
     assert v.checks["memory"].state == "mismatch" and v.verdict is False
 
 
@@ -262,10 +307,10 @@ def test_verification_of_an_allocator_that_is_not_mapped_is_a_mismatch(tmp_path)
     if name is None:
         pytest.skip("no preloadable allocator installed")
     proc = _fake_proc(tmp_path, "1000 default anon=1\n", maps="7f00 r-xp /usr/lib/libc.so.6\n")
-    v = launch.verify(4242, launch.Binding(None, "first-touch", (), name), allocator_wait_s=0.0, proc=proc)
+    v = verification.verify(4242, Binding(None, "first-touch", (), name), allocator_wait_s=0.0, proc=proc)
     assert v.checks["allocator"].state == "mismatch" and v.allocator_loaded is False
     (tmp_path / "proc/4242/status").write_text("State:\tZ (zombie)\nCpus_allowed_list:\t0\nMems_allowed_list:\t0\n")
-    v = launch.verify(4242, launch.Binding(None, "first-touch", (), name), allocator_wait_s=0.0, proc=proc)
+    v = verification.verify(4242, Binding(None, "first-touch", (), name), allocator_wait_s=0.0, proc=proc)
     assert v.checks["allocator"].state == "not checkable"
 
 

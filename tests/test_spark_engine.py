@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 from tilewise import plan, topology
-from tilewise.bench import queries
+from tilewise.benchmarks.tpch import queries
 from tilewise.data import Dataset
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.engines import get
 from tilewise.engines import spark_cluster as sc
 from tilewise.errors import TilewiseError, UsageError

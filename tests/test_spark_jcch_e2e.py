@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import run_cli
-from tilewise.data import jcch
+from tilewise.benchmarks.jcch import data as jcch
 
 pytestmark = pytest.mark.spark
 

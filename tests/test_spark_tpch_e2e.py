@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from conftest import run_cli
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 
 pytestmark = pytest.mark.spark
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from tilewise.bench import queries
-from tilewise.data import tpch as tpch_data
+from tilewise.bench import sqlshape
+from tilewise.benchmarks.tpch import data as tpch_data
+from tilewise.benchmarks.tpch import queries
 from tilewise.errors import UsageError
 
 
@@ -56,10 +57,10 @@ def test_queries_all_22_with_validation_parameters():
 
 
 def test_order_by_detection_ignores_subqueries():
-    assert queries.has_order_by(queries.load(1))
-    assert not queries.has_order_by(queries.load(6))
-    assert not queries.has_order_by(queries.load(17))
-    assert not queries.has_order_by("select * from (select a from t order by a) x")
+    assert sqlshape.has_order_by(queries.load(1))
+    assert not sqlshape.has_order_by(queries.load(6))
+    assert not sqlshape.has_order_by(queries.load(17))
+    assert not sqlshape.has_order_by("select * from (select a from t order by a) x")
 
 
 def test_query_selection():

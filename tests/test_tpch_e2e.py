@@ -16,9 +16,9 @@ import pytest
 
 from conftest import run_cli
 from tilewise import cpulist, plan, topology
-from tilewise.bench import queries
+from tilewise.benchmarks.tpch import queries
 from tilewise.data import Dataset
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 
 
 @pytest.fixture(scope="module")

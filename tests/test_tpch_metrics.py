@@ -15,10 +15,11 @@ import pytest
 
 from tilewise import plan as planner
 from tilewise import topology
-from tilewise.bench import queries as Q
 from tilewise.bench import tpch
-from tilewise.data import refresh as RF
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
+from tilewise.benchmarks.tpch import metrics as M
+from tilewise.benchmarks.tpch import queries as Q
+from tilewise.benchmarks.tpch import refresh as RF
 from tilewise.engines.base import Engine, InstanceStatus, QueryResult
 from tilewise.results import model, report
 
@@ -34,15 +35,15 @@ def dataset(tmp_path_factory):
 # ---- formulas and orders (pure) -----------------------------------------------------------------
 
 def test_power_throughput_and_qphh_formulas():
-    assert tpch.power_at_size(1.0, [1.0] * 22, [1.0, 1.0]) == pytest.approx(3600.0)
-    assert tpch.power_at_size(10.0, [2.0] * 22, []) == pytest.approx(18000.0)
+    assert M.power_at_size(1.0, [1.0] * 22, [1.0, 1.0]) == pytest.approx(3600.0)
+    assert M.power_at_size(10.0, [2.0] * 22, []) == pytest.approx(18000.0)
     # an interval below the longest / 1000 counts as the longest / 1000 (TPC-H 5.4.1.4)
-    assert tpch.power_at_size(1.0, [1000.0, 0.001], []) == pytest.approx(3600.0 / math.sqrt(1000.0 * 1.0))
-    assert tpch.power_at_size(1.0, [], []) is None and tpch.power_at_size(1.0, [0.0], []) is None
-    assert tpch.throughput_at_size(1.0, 2, 22, 3600.0) == pytest.approx(44.0)
-    assert tpch.throughput_at_size(100.0, 5, 22, 7200.0) == pytest.approx(5500.0)
-    assert tpch.throughput_at_size(1.0, 2, 22, 0.0) is None
-    assert tpch.qphh_at_size(400.0, 100.0) == pytest.approx(200.0) and tpch.qphh_at_size(None, 1.0) is None
+    assert M.power_at_size(1.0, [1000.0, 0.001], []) == pytest.approx(3600.0 / math.sqrt(1000.0 * 1.0))
+    assert M.power_at_size(1.0, [], []) is None and M.power_at_size(1.0, [0.0], []) is None
+    assert M.throughput_at_size(1.0, 2, 22, 3600.0) == pytest.approx(44.0)
+    assert M.throughput_at_size(100.0, 5, 22, 7200.0) == pytest.approx(5500.0)
+    assert M.throughput_at_size(1.0, 2, 22, 0.0) is None
+    assert M.qphh_at_size(400.0, 100.0) == pytest.approx(200.0) and M.qphh_at_size(None, 1.0) is None
 
 
 def test_stream_orders_are_the_specifications():
@@ -58,10 +59,10 @@ def test_default_streams_and_idle_instances():
         def __init__(self, n):
             self.instances = [object()] * n
 
-    assert [tpch.spec_min_streams(sf) for sf in (0.01, 1, 10, 30, 100, 300, 1000)] == [2, 2, 3, 4, 5, 6, 7]
+    assert [M.min_streams(sf) for sf in (0.01, 1, 10, 30, 100, 300, 1000)] == [2, 2, 3, 4, 5, 6, 7]
     plans = [("wim", P(1)), ("wic", P(16))]
-    assert tpch.default_streams(1.0, True, plans) == 16  # replicas: one stream per instance at least
-    assert tpch.default_streams(1.0, False, plans) == 2  # cooperating instances: the spec's minimum
+    assert tpch.default_streams(M.min_streams(1.0), True, plans) == 16  # replicas: one stream per instance at least
+    assert tpch.default_streams(M.min_streams(1.0), False, plans) == 2  # cooperating instances: the spec's minimum
     assert "12 instance(s) stay idle" in tpch.idle_warning("wic", 16, 4, True)
     assert tpch.idle_warning("wic", 16, 4, False) is None and tpch.idle_warning("wic", 16, 16, True) is None
 

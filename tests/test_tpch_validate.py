@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tilewise.bench import queries, sqlshape, validate
+from tilewise.bench import sqlshape, validate
 from tilewise.bench.validate import Column
+from tilewise.benchmarks.tpch import data as tpch_data
+from tilewise.benchmarks.tpch import queries
 from tilewise.data import Dataset
-from tilewise.data import tpch as tpch_data
 
 D = Decimal
 

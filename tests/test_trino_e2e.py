@@ -15,9 +15,9 @@ import pytest
 
 from conftest import run_cli, wait_gone
 from tilewise import cluster, cpulist, plan, topology
-from tilewise.bench import queries as Q
+from tilewise.benchmarks.tpch import queries as Q
 from tilewise.bench import validate
-from tilewise.data import tpch as tpch_data
+from tilewise.benchmarks.tpch import data as tpch_data
 
 pytestmark = [pytest.mark.trino, pytest.mark.usefixtures("trino_ready")]
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tilewise import launch, plan, topology
+from tilewise import binding, plan, topology, verification
 from tilewise.errors import TilewiseError
 from tilewise.topology import synthetic
 
@@ -24,22 +24,22 @@ def test_unsupported_kernel_is_one_clear_error(tmp_path):
     t = synthetic.load("Package:1 [NUMANode] Core:2 PU:1")
     p = plan.plan(t, "wim", mem="weighted-interleave")
     with pytest.raises(TilewiseError, match="weighted-interleave is not supported by this kernel") as e:
-        launch.ensure_mem_policy_supported(p, sysfs=str(tmp_path / "missing"))
+        binding.ensure_mem_policy_supported(p, sysfs=str(tmp_path / "missing"))
     assert "use --mem interleave" in str(e.value) and "\n" not in str(e.value)
     (tmp_path / "weighted_interleave").mkdir()
-    launch.ensure_mem_policy_supported(p, sysfs=str(tmp_path / "weighted_interleave"))
-    launch.ensure_mem_policy_supported(plan.plan(t, "wim", mem="interleave"), sysfs=str(tmp_path / "missing"))
+    binding.ensure_mem_policy_supported(p, sysfs=str(tmp_path / "weighted_interleave"))
+    binding.ensure_mem_policy_supported(plan.plan(t, "wim", mem="interleave"), sysfs=str(tmp_path / "missing"))
 
 
 def test_numa_maps_name_with_a_space_is_read_whole(tmp_path):
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "numa_maps").write_text("55cd7c3aa000 weighted interleave:0-1 file=/bin/x anon=1 N0=1\n")
-    assert launch.read_task_policy(42, proc=str(tmp_path)) == "weighted interleave:0-1"
-    b = launch.Binding((0,), "weighted-interleave", (0, 1))
-    assert launch._expected_policy(b) == "weighted interleave:0-1"
+    assert verification.read_task_policy(42, proc=str(tmp_path)) == "weighted interleave:0-1"
+    b = binding.Binding((0,), "weighted-interleave", (0, 1))
+    assert verification.expected_policy(b) == "weighted interleave:0-1"
 
 
-@pytest.mark.skipif(not launch.weighted_interleave_supported(), reason="this kernel has no weighted interleave (Linux < 6.9)")
+@pytest.mark.skipif(not binding.weighted_interleave_supported(), reason="this kernel has no weighted interleave (Linux < 6.9)")
 def test_exec_applies_weighted_interleave_here(cli):
     node = topology.load(None).cpu_nodes[0].id
     cp = cli("exec", "--policy", "wim", "--mem", "weighted-interleave", "--mem-nodes", str(node), "--json", "--",

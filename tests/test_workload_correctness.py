@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tilewise import allocators, launch, native
+from tilewise import allocators, binding, launch, native, procs, verification
 
 M64 = 1 << 64
 
@@ -123,15 +123,15 @@ def _some_allocator():
 
 def test_preloaded_allocator_is_mapped_in_the_running_workload():
     name, lib = _some_allocator()
-    b = launch.Binding(None, "first-touch", (), name)
+    b = binding.Binding(None, "first-touch", (), name)
     proc = launch.spawn([native.binary("tw_w2_distributive"), "--records", "1000", "--groups", "10", "--sleep-ms", "3000"],
                         b, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
-        v = launch.verify(proc.pid, b, allocator_wait_s=2.0)
+        v = verification.verify(proc.pid, b, allocator_wait_s=2.0)
         assert v.allocator_loaded is True, v.problems
-        assert launch.maps_contain(proc.pid, lib)
+        assert verification.maps_contain(proc.pid, lib)
     finally:
-        launch.stop(proc)
+        procs.stop(proc)
 
 
 def test_workload_reports_the_allocator_it_really_used():

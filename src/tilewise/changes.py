@@ -17,7 +17,8 @@ processes tilewise started. The rules:
 - after ``kill -9`` at any point, ``tilewise restore`` (``restore_all``) undoes what dead owners
   left; a new controller of a target undoes its dead predecessor's journal first.
 
-State lives in ``state_dir()``: journals/ and locks/.
+State lives in ``dirs.state_dir()`` ($TILEWISE_STATE_DIR, /run/tilewise for root, ...): journals/
+and locks/.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import importlib
 import itertools
 import json
 import os
+import shlex
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tilewise import cpulist, procs, signals
+from tilewise.dirs import state_dir
 from tilewise.errors import TilewiseError
 from tilewise.fsutil import atomic_write_json
 from tilewise.procs import ProcId
@@ -44,18 +48,6 @@ from tilewise.procs import ProcId
 FORMAT = "tilewise-journal"
 VERSION = 1
 LOCK_FORMAT = "tilewise-lock"
-
-
-def state_dir() -> Path:
-    """$TILEWISE_STATE_DIR, else /run/tilewise for root (reset at boot, like everything recorded
-    here), else $XDG_RUNTIME_DIR/tilewise, else ~/.local/state/tilewise."""
-    if os.environ.get("TILEWISE_STATE_DIR"):
-        return Path(os.environ["TILEWISE_STATE_DIR"])
-    if os.geteuid() == 0:
-        return Path("/run/tilewise")
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(os.environ["XDG_RUNTIME_DIR"]) / "tilewise"
-    return Path(os.path.expanduser("~/.local/state/tilewise"))
 
 
 class Gone(Exception):
@@ -279,7 +271,7 @@ class StartedProcess(Target):
     pid: int | None = None
     start: int | None = None
     token: str | None = None
-    var: str = "TILEWISE_SPAWN"
+    var: str = procs.SPAWN_VAR
     name: str = ""
 
     def lock_key(self) -> str:
@@ -288,23 +280,17 @@ class StartedProcess(Target):
     def describe(self, key: str) -> str:
         return f"{self.name or 'process'} ({f'pid {self.pid}' if self.pid else f'token {self.token}'})"
 
-    def _tree(self):
-        from tilewise import launch
-
+    def _tree(self) -> procs.Tree:
         leader = ProcId(self.pid, self.start) if self.pid and self.start is not None else None
-        return launch.Tree(leader, self.token, self.var)
+        return procs.Tree(leader, self.token, self.var)
 
     def get(self, key: str) -> str:
-        from tilewise import launch
-
-        return "running" if launch._members([self._tree()], "/proc") else "stopped"
+        return "running" if procs.members([self._tree()]) else "stopped"
 
     def set(self, key: str, value: str) -> None:
-        from tilewise import launch
-
         if value == "running":
             raise OSError(22, "a stopped process cannot be started again by undo")
-        rep = launch.stop(self._tree())
+        rep = procs.stop(self._tree())
         if not rep.ok:
             raise OSError(16, rep.summary())
 
@@ -334,9 +320,6 @@ class Change:
 
 
 def _own_command(limit: int = 80) -> str:
-    import shlex
-    import sys
-
     argv = list(sys.argv)
     if argv and os.path.basename(argv[0]) == "tilewise":
         cmd = shlex.join(["tilewise", *argv[1:]])

@@ -18,7 +18,6 @@ import contextlib
 import fcntl
 import importlib
 import json
-import os
 import re
 import shutil
 import socket
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.fsutil import atomic_write_json
-from tilewise import __version__, changes
+from tilewise import __version__, changes, dirs
 from tilewise.engines import procgroup
 from tilewise.engines.procgroup import ProcessCluster
 from tilewise.errors import TilewiseError, UsageError
@@ -55,11 +54,7 @@ def backend(engine: str) -> type[ProcessCluster]:
 
 
 def state_dir() -> Path:
-    if os.environ.get("TILEWISE_CLUSTER_DIR"):
-        return Path(os.environ["TILEWISE_CLUSTER_DIR"])
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(os.environ["XDG_RUNTIME_DIR"]) / "tilewise" / "clusters"
-    return Path(os.path.expanduser("~")) / ".cache" / "tilewise" / "clusters"
+    return dirs.cluster_dir()
 
 
 def check_name(name: str) -> str:

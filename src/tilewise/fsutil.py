@@ -12,11 +12,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from tilewise.errors import UsageError
+
 
 def ensure_writable_dir(path: str | os.PathLike, what: str = "--out") -> Path:
     """Create the output folder and prove it takes a file, before any measurement starts."""
-    from tilewise.errors import UsageError
-
     d = Path(path)
     try:
         d.mkdir(parents=True, exist_ok=True)

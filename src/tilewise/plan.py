@@ -113,10 +113,12 @@ def _instance(t: Topology, iid: int, units, mem_policy: str, mem_nodes_override=
     l3s = tuple(sorted({c.l3 for c, _ in units}))
     if mem_nodes_override is not None:
         mem_nodes = tuple(mem_nodes_override)
-    elif mem_policy == "preferred":
-        mem_nodes = (nodes[0],)
     else:
-        mem_nodes = nodes
+        # a node whose memory may not be used (a container's cpuset.mems excludes it) is skipped;
+        # with none of the instance's nodes usable, its memory goes to the allowed nodes
+        allowed = t.mem_allowed_nodes
+        usable = tuple(n for n in nodes if n in allowed) or tuple(n.id for n in t.cpu_nodes if n.id in allowed) or allowed
+        mem_nodes = usable[:1] if mem_policy == "preferred" else usable
     return Instance(iid, cpus, mem_nodes, mem_policy, nodes, l3s, len(units))
 
 
@@ -243,11 +245,14 @@ def plan(
     insts = tuple(_instance(t, i, g, mem_policy, mem_nodes) for i, g in enumerate(groups))
     if policy == "wim" and mem_policy in ("interleave", "weighted-interleave") and mem_nodes is None:
         # WIM+interleave spreads pages over every node that holds CPUs
-        insts = tuple(_instance(t, i.id, g, mem_policy, tuple(n.id for n in t.cpu_nodes)) for i, g in zip(insts, groups))
+        spread = tuple(n.id for n in t.cpu_nodes if n.id in t.mem_allowed_nodes) or t.mem_allowed_nodes
+        insts = tuple(_instance(t, i.id, g, mem_policy, spread) for i, g in zip(insts, groups))
     if not smt and t.smt > 1:
         notes.append(f"SMT{t.smt}: physical cores only (one hardware thread each); pass --smt to use siblings")
     if t.allowed_cpus is not None:
         notes.append(f"planned on the {len(t.allowed_cpus)} allowed CPUs only ({cpulist.format(t.allowed_cpus)})")
+    if t.allowed_nodes is not None:
+        notes.append(f"memory only on the allowed NUMA nodes ({cpulist.format(t.mem_allowed_nodes) or 'none'})")
     return Plan(policy, requested, insts, tuple(reasons), smt, t.fingerprint(), t.source, tuple(notes))
 
 

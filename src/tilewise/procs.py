@@ -1,14 +1,34 @@
-"""Processes as /proc shows them: identity, groups, descendants, environment tokens.
+"""Processes as /proc shows them (identity, groups, descendants, environment tokens), and the
+one way tilewise stops them (whole trees).
 
 A process is named by (pid, start time): the start time is field 22 of /proc/PID/stat (clock
-ticks since boot), so a pid the kernel reused for another process never matches. Everything here
-reads through an injectable /proc root and never signals anything (that is launch.stop's job).
+ticks since boot), so a pid the kernel reused for another process never matches. This is the one
+process identity in tilewise (``ProcId``): nothing compares psutil's create_time or pids alone.
+Everything reads through an injectable /proc root.
+
+Stopping (``stop``), as systemd's KillMode=control-group: take the set of processes (the group,
+every descendant, every process carrying the token) BEFORE signalling; SIGTERM the group and the
+strays that left it; wait a grace period; SIGKILL what is left; then check again and report what
+was stopped and what survived. A single process is signalled through a pidfd after its start
+time was checked, so a reused pid is never signalled.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tilewise import signals
+
+SPAWN_VAR = "TILEWISE_SPAWN"  # colon-separated tokens of every tilewise spawn a process descends from
+GRACE_S = 5.0  # SIGTERM -> SIGKILL
+KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the kernel to finish them
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")  # the unit of /proc/PID/stat's start time
+CREATE_TIME_SLACK_S = 1.0  # see ProcId.recorded
 
 
 @dataclass(frozen=True, order=True)
@@ -32,6 +52,28 @@ class ProcId:
         """Still in the process table (zombies included): its pid cannot have been reused."""
         st = stat(self.pid, proc)
         return st is not None and st.start == self.start
+
+    def wall_clock(self, proc: str = "/proc") -> float | None:
+        """When it started, in seconds since the epoch (what psutil calls create_time): boot time
+        plus its start ticks. None when the boot time cannot be read."""
+        boot = boot_time(proc)
+        return None if boot is None else boot + self.start / TICKS_PER_S
+
+    @classmethod
+    def recorded(cls, pid: int, start: int | None = None, create_time: float | None = None,
+                 proc: str = "/proc") -> ProcId | None:
+        """The process a record names. Records carry (pid, start); records written before start
+        times were kept carry only a wall-clock create time (psutil's, seconds since the epoch):
+        such a record names the process now at pid if it started within CREATE_TIME_SLACK_S of it
+        (both are boot time + start ticks, and the kernel's boot time moves when the clock is
+        stepped), else nothing (None: that process is gone). A record with neither names nothing."""
+        if start is not None:
+            return cls(int(pid), int(start))
+        if create_time is None:
+            return None
+        now = cls.of(int(pid), proc)
+        wall = now.wall_clock(proc) if now else None
+        return now if wall is not None and abs(wall - float(create_time)) <= CREATE_TIME_SLACK_S else None
 
     def to_json(self) -> dict:
         return {"pid": self.pid, "start": self.start}
@@ -91,9 +133,30 @@ def stat(pid: int, proc: str = "/proc") -> Stat | None:
         return None
 
 
+def status(pid, proc: str = "/proc") -> dict[str, str]:
+    """/proc/PID/status as key -> value (pid may be "self"); OSError when it cannot be read."""
+    out = {}
+    with open(f"{proc}/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = v.strip()
+    return out
+
+
 def start_time(pid: int, proc: str = "/proc") -> int | None:
     st = stat(pid, proc)
     return None if st is None else st.start
+
+
+def boot_time(proc: str = "/proc") -> float | None:
+    """The kernel's boot time in seconds since the epoch (btime in /proc/stat)."""
+    try:
+        for line in read_text(f"{proc}/stat").splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
 
 
 def boot_id(proc: str = "/proc") -> str | None:
@@ -200,3 +263,182 @@ def carrying(var: str, tokens, table: dict[int, Stat], proc: str = "/proc") -> d
             if t in out:
                 out[t].add(pid)
     return out
+
+
+# ---- process trees, and stopping them --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tree:
+    """Everything that belongs to one started process: its group, its descendants, and every
+    process whose environment carries its token (var)."""
+
+    leader: ProcId | None  # None: only the processes carrying the token
+    token: str | None = None
+    var: str = SPAWN_VAR
+    popen: subprocess.Popen | None = field(default=None, compare=False, hash=False)
+
+    def group_is_ours(self, proc: str = "/proc") -> bool:
+        """Whether signalling process group <leader pid> can only reach our processes: the leader (a
+        session leader) still exists, zombie included, so its pid cannot have been reused."""
+        if self.leader is None:
+            return False
+        if self.popen is not None and self.popen.returncode is None:
+            return True
+        return self.leader.exists(proc)
+
+
+@dataclass
+class StopReport:
+    stopped: list[dict] = field(default_factory=list)  # {"pid", "start", "name", "by"}
+    survived: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.survived
+
+    def extend(self, other: StopReport) -> StopReport:
+        self.stopped += other.stopped
+        self.survived += other.survived
+        return self
+
+    def summary(self) -> str:
+        def names(items):
+            shown = ", ".join(f"{p['pid']} ({p['name']})" for p in items[:6])
+            return shown + (f" and {len(items) - 6} more" if len(items) > 6 else "")
+        parts = []
+        if self.stopped:
+            parts.append(f"stopped {len(self.stopped)} process{'es' if len(self.stopped) != 1 else ''}: {names(self.stopped)}")
+        if self.survived:
+            parts.append(f"could not stop {len(self.survived)}: {names(self.survived)}")
+        return "; ".join(parts) or "nothing was left running"
+
+    def to_json(self) -> dict:
+        return {"stopped": self.stopped, "survived": self.survived, "ok": self.ok}
+
+
+def members(trees: Sequence[Tree], proc: str = "/proc") -> dict[ProcId, Stat]:
+    """The live processes of the trees now: groups, token carriers, and all their descendants."""
+    table = scan(proc)
+    me = os.getpid()
+    roots: set[int] = set()
+    tokens: dict[str, set[str]] = {}
+    for t in trees:
+        st = table.get(t.leader.pid) if t.leader else None
+        if st is not None and st.start == t.leader.start:
+            roots.add(t.leader.pid)
+        if t.group_is_ours(proc):
+            roots.update(p for p, s in table.items() if s.pgrp == t.leader.pid)
+        if t.token:
+            tokens.setdefault(t.var, set()).add(t.token)
+    for var, toks in tokens.items():
+        for pids in carrying(var, toks, table, proc).values():
+            roots |= pids
+    found = roots | descendants(roots, table)
+    out = {}
+    for pid in found:
+        st = table.get(pid)
+        if st is not None and pid != me and st.state not in "ZX":
+            out[st.id] = st
+    return out
+
+
+def _signal(pid_id: ProcId, sig: int, proc: str) -> None:
+    """Signal exactly this process: a pidfd pins it, then its start time is checked."""
+    try:
+        fd = os.pidfd_open(pid_id.pid)
+    except (ProcessLookupError, AttributeError, OSError):
+        if pid_id.alive(proc):  # no pidfd support: check, then signal (a tiny window remains)
+            try:
+                os.kill(pid_id.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return
+    try:
+        if start_time(pid_id.pid, proc) == pid_id.start:
+            signal.pidfd_send_signal(fd, sig)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    finally:
+        os.close(fd)
+
+
+def _reap(trees: Sequence[Tree]) -> None:
+    for t in trees:
+        if t.popen is not None:
+            t.popen.poll()
+
+
+def stop(trees, grace: float = GRACE_S, *, kill_wait: float = KILL_WAIT_S, proc: str = "/proc") -> StopReport:
+    """Stop one or more process trees (Tree, anything with a ``tree()`` method such as launch's
+    Child and Started, a Popen started in a session of its own, or a list of them); never raises.
+
+    Takes the set of processes first, then SIGTERMs each group (where the group's pid is still
+    ours) and every process of the set outside it, waits up to `grace` seconds, SIGKILLs what is
+    left (and what was forked meanwhile), then checks. Reaps the Popen leaders.
+    """
+    if not isinstance(trees, (list, tuple)):
+        trees = [trees]
+    trees = [_as_tree(t, proc) for t in trees]
+    with signals.deferred():  # a second Ctrl-C or SIGTERM cannot abort a stop half way
+        return _stop(trees, grace, kill_wait, proc)
+
+
+def _as_tree(t, proc: str) -> Tree:
+    if isinstance(t, Tree):
+        return t
+    if hasattr(t, "tree"):
+        return t.tree()
+    if isinstance(t, subprocess.Popen):  # started elsewhere, in a session of its own
+        return Tree(ProcId.of(t.pid, proc) if t.returncode is None else None, None, popen=t)
+    raise TypeError(f"cannot stop {t!r}")
+
+
+def _stop(trees: list[Tree], grace: float, kill_wait: float, proc: str) -> StopReport:
+    first = members(trees, proc)
+    names = {i: s.comm for i, s in first.items()}
+    by: dict[ProcId, str] = {}
+    live = dict(first)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        if not live:
+            break
+        grouped = set()
+        for t in trees:
+            if t.group_is_ours(proc):
+                try:
+                    os.killpg(t.leader.pid, sig)
+                    grouped.add(t.leader.pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for i, st in live.items():
+            if st.pgrp not in grouped:
+                _signal(i, sig, proc)
+            by[i] = signal.Signals(sig).name
+        deadline = time.monotonic() + wait
+        next_scan = time.monotonic() + 0.2
+        while True:
+            _reap(trees)
+            live = {i: s for i, s in live.items() if i.alive(proc)}
+            if time.monotonic() >= next_scan or not live:  # newcomers (forked while dying)
+                for i, s in members(trees, proc).items():
+                    if i not in live:
+                        live[i] = s
+                        names.setdefault(i, s.comm)
+                        if i not in by:
+                            _signal(i, sig, proc)
+                            by[i] = signal.Signals(sig).name
+                next_scan = time.monotonic() + 0.2
+            if not live or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+    for t in trees:
+        if t.popen is not None:
+            try:
+                t.popen.wait(timeout=kill_wait)
+            except subprocess.TimeoutExpired:
+                pass
+    left = {i for i in set(first) | set(live) if i.alive(proc)} | set(members(trees, proc))
+    rep = StopReport()
+    for i in sorted(set(first) | set(by) | left):
+        item = {"pid": i.pid, "start": i.start, "name": names.get(i, "?"), "by": by.get(i, "exited")}
+        (rep.survived if i in left else rep.stopped).append(item)
+    return rep

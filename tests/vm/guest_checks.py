@@ -107,7 +107,9 @@ def check_sysfs() -> dict:
                              "siblings": _read(cd / "topology/thread_siblings_list"), "l3": l3}
     mounts = [ln.split(" - ")[1].split()[0] + " " + ln.split()[4] for ln in _read(Path("/proc/self/mountinfo")).splitlines()
               if " - cgroup" in ln]
-    return {"kernel": os.uname().release, "nodes": nodes, "cpus": cpus, "cgroup_mounts": mounts,
+    import tilewise
+
+    return {"kernel": os.uname().release, "tilewise": tilewise.__file__, "nodes": nodes, "cpus": cpus, "cgroup_mounts": mounts,
             "weighted_interleave_sysfs": os.path.isdir("/sys/kernel/mm/mempolicy/weighted_interleave")}
 
 

@@ -12,6 +12,9 @@ How a guest is built:
   (the command, its directory and environment, the cgroup layout);
 - the guest mounts the host's ``/`` read-only over virtio-9p with a tmpfs overlay on top, so the
   checkout and its ``.venv`` work unchanged inside and nothing the guest writes reaches the host;
+  its /tmp, /run and /dev/shm are its own fresh tmpfs, and the host directories the command needs
+  there (its directory, the caches, ``share=`` paths) are shown on top of them the same way
+  (:func:`guest_shares`), or the run fails before booting with one line naming the path;
 - the command's stdout and stderr come back over the second and third serial ports; the exit code
   is printed on the console (first serial port) before the guest powers off.
 
@@ -40,11 +43,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilewise import cpulist
+from tilewise import cpulist, dirs
 
 QEMU = "qemu-system-x86_64"
 EXIT_MARK = "TILEWISE-VM-EXIT"
@@ -65,6 +68,10 @@ class VMError(Exception):
 
 class VMUnavailable(VMError):
     """This machine cannot run guests (no QEMU, no kernel, no busybox): the reason says what to install."""
+
+
+class VMPathError(VMError):
+    """A host path the command needs cannot be shown in the guest (found before booting)."""
 
 
 # ---- topology as data ---------------------------------------------------------------------------
@@ -182,7 +189,7 @@ def qemu_topology_args(t: GuestTopology) -> list[str]:
 # ---- host prerequisites -------------------------------------------------------------------------
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tilewise" / "vm")
+    d = dirs.cache_dir("vm", override=CACHE_ENV)
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -337,6 +344,112 @@ def _extract_elf(data: bytes) -> bytes | None:
     return None
 
 
+# ---- host paths the guest sees -------------------------------------------------------------------
+# The guest sees the host's / (read-only 9p under a tmpfs overlay), except where it mounts its own:
+# fresh tmpfs on these (its scratch space: nothing of the host's /tmp, /run or /dev/shm leaks in, such as
+# state or cluster directories of tilewise runs on the host) -- keep in step with INIT...
+PRIVATE_DIRS = ("/tmp", "/run", "/dev/shm")
+# ...and its own kernel's /proc, /sys and /dev, where no host directory can be shown.
+KERNEL_DIRS = ("/proc", "/sys", "/dev")
+# Variables of the guest's environment naming host directories its commands read (the data caches
+# live under HOME or XDG_CACHE_HOME; the guests' native tools in TILEWISE_BIN_DIR), and lists of them.
+PATH_ENV_KEYS = ("HOME", "XDG_CACHE_HOME", "TILEWISE_BIN_DIR")
+PATH_LIST_ENV_KEYS = ("PYTHONPATH",)
+
+
+@dataclass(frozen=True)
+class Share:
+    """A host directory shown in the guest at ``mountpoint`` (inside its private /tmp, /run or /dev/shm)."""
+
+    mountpoint: str  # the path the command uses
+    source: str  # the host directory (symbolic links resolved)
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _hidden_by_kernel(path: str) -> str | None:
+    """The guest-kernel directory (/proc, /sys, /dev) a path lies under, None when it can be shown."""
+    if any(_under(path, d) for d in PRIVATE_DIRS):
+        return None
+    return next((d for d in KERNEL_DIRS if _under(path, d)), None)
+
+
+def _unshowable(path: str) -> str | None:
+    """Why a host path cannot be shown in the guest (None: it can)."""
+    if not os.path.exists(path):
+        return "it does not exist on the host"
+    real = os.path.realpath(path)
+    for p in (os.path.abspath(path), real):
+        if top := _hidden_by_kernel(p):
+            return f"it is under {top}, where the guest mounts its own kernel's files: use a directory elsewhere"
+    if not os.access(real if os.path.isdir(real) else os.path.dirname(real), os.R_OK | os.X_OK):
+        return "this user cannot read it (QEMU shows the host's / to the guest as this user): make it readable"
+    return None
+
+
+def guest_shares(needed: Iterable[str | os.PathLike], optional: Iterable[str | os.PathLike] = ()) -> list[Share]:
+    """The host directories to show inside the guest's private /tmp, /run and /dev/shm.
+
+    ``needed``: paths the command cannot do without (its directory, the ``share=`` paths): one that
+    cannot be shown raises VMPathError, one line naming it and why, before anything boots.
+    ``optional``: paths the command may use (absolute words of its argv, the directories in its
+    environment): shown when they can be, else left to the guest (which then has its own, empty).
+    A file is shown through its directory; a path is shown where the command names it and where its
+    symbolic links lead (both inside the guest's private directories when they are); paths inside
+    another shown directory are seen through it. Paths elsewhere need nothing: the guest sees them."""
+    picked: dict[str, str] = {}
+    for path, must in [(os.fspath(p), True) for p in needed] + [(os.fspath(p), False) for p in optional]:
+        why = _unshowable(path)
+        if why:
+            if must:
+                raise VMPathError(f"the guest cannot see {path}: {why}")
+            continue
+        named, real = os.path.abspath(path), os.path.realpath(path)
+        if not os.path.isdir(real):
+            named, real = os.path.dirname(named), os.path.dirname(real)
+        for mountpoint in (real, named):
+            if any(_under(mountpoint, d) for d in PRIVATE_DIRS):
+                picked.setdefault(mountpoint, real)
+    shares: list[Share] = []
+    for mountpoint in sorted(picked):  # a directory sorts before the paths inside it
+        if not any(_under(mountpoint, s.mountpoint) for s in shares):
+            shares.append(Share(mountpoint, picked[mountpoint]))
+    return shares
+
+
+def env_paths(env: dict[str, str]) -> list[str]:
+    """The host directories a guest environment names (PATH_ENV_KEYS, and the entries of PATH_LIST_ENV_KEYS)."""
+    paths = [env[k] for k in PATH_ENV_KEYS if env.get(k)]
+    return paths + [p for k in PATH_LIST_ENV_KEYS for p in env.get(k, "").split(os.pathsep) if p]
+
+
+def command_paths(command: str | list[str]) -> list[str]:
+    """The absolute paths a command names (its words that start with /; a shell string is split as sh would)."""
+    if isinstance(command, str):
+        try:
+            command = shlex.split(command)
+        except ValueError:
+            return []
+    return [w for w in command if w.startswith("/")]
+
+
+def shares_script(shares: Sequence[Share]) -> str:
+    """The init's step that shows each share (run with the guest root as $1, after the private tmpfs
+    mounts): the host directory from the 9p mount, copy-on-write as the rest of the host's /, so the
+    guest can write there and nothing reaches the host. Says which path failed on the command's stderr."""
+    lines = ["R=$1",
+             "fail() { echo \"tilewise-vm: cannot show the host's $1 in the guest (mount failed)\" | tee /dev/ttyS2; exit 1; }"]
+    for i, s in enumerate(shares):
+        stage, rw, mp = f"/mnt/share{i}", f"/mnt/rw/share{i}", shlex.quote(s.mountpoint)
+        lines.append(f'mkdir -p {stage} {rw}/upper {rw}/work "$R"{mp} || fail {mp}')
+        lines.append(f"mount -o bind {shlex.quote('/mnt/lower' + s.source)} {stage} || fail {mp}")
+        lines.append(f'mount -t overlay overlay -o lowerdir={stage},upperdir={rw}/upper,workdir={rw}/work "$R"{mp} '
+                     f"|| fail {mp}")
+    return "\n".join(lines) + "\n"
+
+
 # ---- initramfs ------------------------------------------------------------------------------------
 
 INIT = r"""#!/bin/busybox sh
@@ -360,6 +473,9 @@ mount -t devpts devpts $R/dev/pts
 mount -t tmpfs shm $R/dev/shm
 mount -t tmpfs -o mode=1777 tmp $R/tmp
 mount -t tmpfs -o mode=755 run $R/run
+stty -F /dev/ttyS1 raw -echo
+stty -F /dev/ttyS2 raw -echo
+/bin/sh /job/shares.sh $R || { echo "TILEWISE-VM-EXIT 125 $(cut -d' ' -f1 /proc/uptime)"; poweroff -f; }
 if [ "$(cat /job/cgroup)" = v2 ]; then
   mount -t cgroup2 cgroup2 $R/sys/fs/cgroup
 else
@@ -371,8 +487,6 @@ else
 fi
 cp -a /job $R/run/tilewise-job
 hostname tilewise-guest
-stty -F /dev/ttyS1 raw -echo
-stty -F /dev/ttyS2 raw -echo
 echo "TILEWISE-VM-READY $(cut -d' ' -f1 /proc/uptime)"
 chroot $R /bin/sh /run/tilewise-job/run.sh </dev/null >/dev/ttyS1 2>/dev/ttyS2
 rc=$?
@@ -465,17 +579,18 @@ def base_initramfs() -> Path:
     return out
 
 
-def job_archive(command: str, cwd: str, env: dict[str, str], cgroup: str) -> bytes:
-    """The per-run archive appended to the base initramfs: /job/{run.sh,cgroup}."""
+def job_archive(command: str, cwd: str, env: dict[str, str], cgroup: str, shares: Sequence[Share] = ()) -> bytes:
+    """The per-run archive appended to the base initramfs: /job/{run.sh,cgroup,shares.sh}."""
     lines = ["#!/bin/sh"]
     for k, v in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             raise ValueError(f"bad environment variable name {k!r}")
         lines.append(f"export {k}={shlex.quote(v)}")
-    lines.append(f"cd {shlex.quote(cwd)} || exit 125")
+    lines.append(f"cd {shlex.quote(cwd)} || {{ echo 'tilewise-vm: the guest cannot see the command directory' >&2; exit 125; }}")
     lines.append(command)
     script = "\n".join(lines) + "\n"
-    return _cpio([("job", DIR, b""), ("job/run.sh", EXE, script.encode()), ("job/cgroup", FILE, cgroup.encode())])
+    return _cpio([("job", DIR, b""), ("job/run.sh", EXE, script.encode()), ("job/cgroup", FILE, cgroup.encode()),
+                  ("job/shares.sh", EXE, shares_script(shares).encode())])
 
 
 # ---- native tools for guests -------------------------------------------------------------------------
@@ -539,7 +654,9 @@ class GuestResult:
                       f"stdout tail:\n{self.stdout[-3000:]}\nstderr tail:\n{self.stderr[-3000:]}")
 
 
-DEFAULT_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "PYTHONHASHSEED")
+# passed on to the guest: the caches (HOME, XDG_CACHE_HOME) and the sources (PYTHONPATH: a worktree's src
+# before the shared virtual environment's) the host's commands use
+DEFAULT_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "PYTHONHASHSEED", "XDG_CACHE_HOME", "PYTHONPATH")
 
 
 def guest_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -575,17 +692,26 @@ def qemu_command(t: GuestTopology, *, kernel: Path, initrd: Path, out_dir: Path,
 
 
 def run(t: GuestTopology, command: str | list[str], *, cwd: str | os.PathLike | None = None,
-        env: dict[str, str] | None = None, timeout: float = 600, accel: str | None = None) -> GuestResult:
+        env: dict[str, str] | None = None, share: Iterable[str | os.PathLike] = (), timeout: float = 600,
+        accel: str | None = None) -> GuestResult:
     """Boot a guest with topology ``t``, run ``command`` (a shell string or an argv list) in ``cwd``
-    (default: the current directory) and return its output and exit code. Raises VMError when the
-    guest does not report an exit code (boot failure, timeout), with the console's tail."""
+    (default: the current directory) and return its output and exit code. The guest sees the host's
+    files; ``share`` names host paths the command needs besides ``cwd`` (e.g. pytest's tmp_path), which
+    it sees even under /tmp, /run or /dev/shm (see guest_shares). Raises VMPathError before booting
+    when one of them cannot be shown, VMError when the guest does not report an exit code (boot
+    failure, timeout), with the console's tail."""
     why = missing_prerequisites()
     if why:
         raise VMUnavailable(why)
+    if isinstance(command, (list, tuple)):
+        command = shlex.join(command)
+    cwd = os.path.abspath(cwd or os.getcwd())
+    env = guest_env(env)
+    shares = guest_shares([cwd, *share], [*command_paths(command), *env_paths(env)])
     auto = accel is None and os.environ.get("TILEWISE_VM_ACCEL") not in ("tcg", "kvm")
     accel = accel or accelerator()
     try:
-        return _run(t, command, cwd=cwd, env=env, timeout=timeout, accel=accel)
+        return _run(t, command, cwd=cwd, env=env, shares=shares, timeout=timeout, accel=accel)
     except VMError as e:
         if not e.before_ready or not (accel == "tcg" or auto):
             raise
@@ -593,19 +719,17 @@ def run(t: GuestTopology, command: str | list[str], *, cwd: str | os.PathLike | 
         # guest that hung before init (seen once in many boots: an empty console after 120 s) gets one
         # more boot. The command never started, so nothing ran twice; a second failure is raised.
         print(f"vm: {e}\nvm: booting guest {t.name} once more under TCG", file=sys.stderr)
-        return _run(t, command, cwd=cwd, env=env, timeout=timeout, accel="tcg")
+        return _run(t, command, cwd=cwd, env=env, shares=shares, timeout=timeout, accel="tcg")
 
 
-def _run(t: GuestTopology, command, *, cwd, env, timeout: float, accel: str) -> GuestResult:
-    if isinstance(command, (list, tuple)):
-        command = shlex.join(command)
-    cwd = os.path.abspath(cwd or os.getcwd())
+def _run(t: GuestTopology, command: str, *, cwd: str, env: dict[str, str], shares: list[Share], timeout: float,
+         accel: str) -> GuestResult:
     kernel = kernel_image()
     base = base_initramfs()
     with tempfile.TemporaryDirectory(prefix=f"tilewise-vm-{t.name}-") as d:
         out = Path(d)
         initrd = out / "initrd.cpio"
-        initrd.write_bytes(base.read_bytes() + job_archive(command, cwd, guest_env(env), t.cgroup))
+        initrd.write_bytes(base.read_bytes() + job_archive(command, cwd, env, t.cgroup, shares))
         for name in ("console", "stdout", "stderr"):
             (out / name).write_bytes(b"")
         cmd = qemu_command(t, kernel=kernel, initrd=initrd, out_dir=out, accel=accel)
@@ -672,6 +796,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"one of {', '.join(TOPOLOGIES)}, or a JSON file describing a GuestTopology")
     ap.add_argument("--accel", choices=("tcg", "kvm"), help="default: kvm when /dev/kvm works, else tcg")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--share", action="append", default=[], metavar="PATH",
+                    help="a host path the command needs besides the current directory (repeatable): the guest sees it "
+                         "even under /tmp, /run or /dev/shm")
     ap.add_argument("--list", action="store_true", help="list the topologies and exit")
     ap.add_argument("--times", action="store_true",
                     help="boot every topology (or --topology) to `true` REPEAT times; print boot seconds as JSON")
@@ -695,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     try:
-        r = run(t, cmd or ["true"], timeout=a.timeout, accel=a.accel)
+        r = run(t, cmd or ["true"], share=a.share, timeout=a.timeout, accel=a.accel)
     except VMError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +24,9 @@ from vm.topologies import TOPOLOGIES
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[2]
-PY = REPO / ".venv" / "bin" / "python"
+# The guests run this interpreter (the checkout's .venv after `make setup`, or a shared one with the
+# worktree's sources on PYTHONPATH, which the harness passes on), so they check the code tested here.
+PY = Path(sys.executable)
 
 # The checks each guest runs (guest_checks.py), one boot per topology.
 # `up` runs where it shows something of its own (a CPU-less node gets no server; 4 nodes): each `up`
@@ -70,7 +73,7 @@ class Guests:
         if any("bench" in c for c in chosen.values()):
             warm_tpch_cache()
         if any("up" in c for c in chosen.values()):  # the servers load SF 0.01: made here, not under TCG
-            from tilewise.data import tpch as tpch_data
+            from tilewise.benchmarks.tpch import data as tpch_data
 
             tpch_data.ensure_data(0.01)
         jobs = int(os.environ.get("TILEWISE_VM_JOBS", "2"))
@@ -83,13 +86,16 @@ class Guests:
                 guest_env["TILEWISE_GUEST_UP_SQL"] = UP_SQL
             cmd = [str(PY), str(Path(__file__).with_name("guest_checks.py")), *checks]
             self.futures[name] = self.pool.submit(harness.run, TOPOLOGIES[name], cmd, cwd=REPO, env=guest_env,
-                                                  timeout=2400)
+                                                  share=[sys.prefix], timeout=2400)
 
     def doc(self, name: str) -> dict:
         self.start()
         if name not in self.futures:
             pytest.skip(f"guest {name} not selected (TILEWISE_VM_GUESTS)")
-        r = self.futures[name].result()
+        try:
+            r = self.futures[name].result()
+        except harness.VMPathError as e:  # said before booting: one line, not a traceback per test
+            pytest.fail(str(e), pytrace=False)
         self.times[name] = r
         assert r.returncode == 0, f"guest {name} exited {r.returncode}:\n{r.stderr[-3000:]}"
         doc = r.json()
@@ -120,7 +126,7 @@ def warm_tpch_cache() -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([str(REPO / ".venv" / "bin" / "tilewise"), "bench", "tpch", *BENCH_ARGS, "--policies", "wim",
+        subprocess.run([str(PY), "-m", "tilewise", "bench", "tpch", *BENCH_ARGS, "--policies", "wim",
                         "--out", d, "--json"], capture_output=True, timeout=600, check=True)
 
 
@@ -162,6 +168,16 @@ def booted_auto(t: harness.GuestTopology) -> str:
     if len(l3) > len(cpu_nodes):
         return "wicp"
     return "win" if len(cpu_nodes) > 1 else "wim"
+
+
+# ---- the code under test ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", guests_with("sysfs"))
+def test_guests_run_the_code_tested_here(guests, name):
+    """The guest imports tilewise from where this test run does (a worktree's src on PYTHONPATH included)."""
+    import tilewise
+
+    assert guests.check(name, "sysfs")["tilewise"] == tilewise.__file__
 
 
 # ---- topo ---------------------------------------------------------------------------------------

@@ -153,11 +153,11 @@ _SQL_SNIPPET = r"""
 import json, sys
 qs = json.loads(sys.argv[1])
 try:  # a harness with TPC-H's power test: stream 0's order and SQL
-    from tilewise.bench.queries import stream_order
+    from tilewise.benchmarks.tpch.queries import stream_order
     from tilewise.bench.tpch import query_sql
     out = [(n, query_sql(n, 0)) for n in stream_order(0, qs)]
 except ImportError:
-    from tilewise.bench.queries import load
+    from tilewise.benchmarks.tpch.queries import load
     out = [(n, load(n)) for n in qs]
 print(json.dumps([{"query": n, "sql": s} for n, s in out]))
 """
@@ -207,7 +207,7 @@ def _tilewise_figures(doc: dict) -> dict:
 def run(cfg: Config, rep: Reporter | None = None) -> dict:
     from tilewise import cpulist, topology
     from tilewise import plan as planner
-    from tilewise.data import tpch as tpch_data
+    from tilewise.benchmarks.tpch import data as tpch_data
     from tilewise.fsutil import atomic_write_json
     from tilewise.results import model, output
 

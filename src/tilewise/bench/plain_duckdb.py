@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def queries(sql_file: str | None) -> list[tuple[int, str]]:
     if sql_file:
         return [(int(q["query"]), q["sql"]) for q in json.loads(Path(sql_file).read_text())]
-    from tilewise.bench import queries as Q
+    from tilewise.benchmarks.tpch import queries as Q
 
     return [(n, Q.load(n)) for n in Q.NUMBERS]
 
@@ -63,8 +63,9 @@ def run(a: argparse.Namespace) -> dict:
         from tilewise import cpulist
 
         os.sched_setaffinity(0, cpulist.parse(a.cpus))
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    data = Path(a.data or Path(cache) / "tilewise" / "tpch" / f"sf{float(a.sf):g}")
+    from tilewise import dirs  # this baseline process imports as little of tilewise as it can
+
+    data = Path(a.data or dirs.cache_dir("tpch") / f"sf{float(a.sf):g}")
     missing = [t for t in TABLES if not (data / f"{t}.parquet").is_file()]
     if missing:
         raise SystemExit(f"Error: {data} has no {missing[0]}.parquet (generate it: tilewise bench tpch --sf {a.sf} once)")

@@ -7,6 +7,7 @@ results (which engines round or truncate differently) get rounding slack.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -33,6 +34,21 @@ class Shape:
     parsed: bool = True
 
 
+def has_order_by(sql: str) -> bool:
+    """True when the outermost query has ORDER BY (row order is then part of the answer); a
+    parenthesis count, for texts the parser does not understand."""
+    body = re.sub(r"--[^\n]*", "", sql)
+    depth, top = 0, []
+    for ch in body:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif depth == 0:
+            top.append(ch)
+    return re.search(r"\border\s+by\b", "".join(top), re.I) is not None
+
+
 @lru_cache(maxsize=256)
 def analyse(sql: str) -> Shape:
     import sqlglot
@@ -41,8 +57,6 @@ def analyse(sql: str) -> Shape:
     try:
         tree = sqlglot.parse_one(sql)
     except Exception:  # noqa: BLE001 - sqlglot raises several error types; any means "not understood"
-        from tilewise.bench.queries import has_order_by
-
         # Unknown shape: ordered queries then compare as one multiset, and no column gets slack.
         return Shape(None, () if has_order_by(sql) else None, parsed=False)
     order = tree.args.get("order")

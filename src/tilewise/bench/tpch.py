@@ -1,7 +1,10 @@
-"""The TPC-H benchmark harness: for each policy, plan -> start the engine bound -> warm-up run ->
-R timed runs -> validate every answer -> write results after each run.
+"""The benchmark harness (`bench tpch`, `bench <benchmark>`): for each policy, plan -> start the
+engine bound -> warm-up run -> R timed runs -> validate every answer -> write results after each run.
 
-A run is the specification's pair of tests (TPC-H 5.3):
+It knows a benchmark only through its spec (tilewise.benchmarks.spec.Benchmark, from the registry
+tilewise.benchmarks): its data set, its queries and each stream's order and SQL, its reference
+rules, its refresh functions and its metrics. A run is the pair of tests of TPC-H 5.3 (TPC-H's
+names below; other benchmarks name their figures themselves):
 
 - the **power test**: one stream; RF1, the queries in stream 00's order (Appendix A), RF2. Its
   query times are the per-query figures of the tables; they give Power@Size.
@@ -10,9 +13,9 @@ A run is the specification's pair of tests (TPC-H 5.3):
   interval Ts (first stream started to last stream, query or refresh, done) is the run's total
   time and gives Throughput@Size.
 
-QphH@Size is the geometric mean of the two. The refresh functions run where the engine can write
-(Engine.supports_refresh; DuckDB applies them to every replica); elsewhere the results say
-"without refresh functions". Every answer is checked against a reference computed on exactly the
+QphH@Size is the geometric mean of the two. The refresh functions run where the benchmark has them
+and the engine can write (Engine.supports_refresh; DuckDB applies them to every replica); elsewhere
+the results say "without refresh functions". Every answer is checked against a reference computed on exactly the
 data state the query saw (see `States`); after a run, the refresh functions are undone (outside
 the timed region) so every run and every policy starts from the loaded data and measures the same
 work. Drives any engine through the registry (tilewise.engines.get).
@@ -20,7 +23,6 @@ work. Drives any engine through the registry (tilewise.engines.get).
 
 from __future__ import annotations
 
-import math
 import statistics
 import threading
 import time
@@ -30,20 +32,16 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import cpulist, launch, topology
-from tilewise.bench import queries as Q
-from tilewise.data import dataset_for
-from tilewise.data import refresh as RF
-from tilewise.data import tpch as tpch_data
+from tilewise import benchmarks, cpulist, topology
+from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
+from tilewise.binding import ensure_runnable
+from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model as M
 from tilewise.results import report
 from tilewise.results.output import Writer
 
 TESTS = ("power", "throughput")
-# TPC-H 5.3.4: the minimum number of query streams of the throughput test per scale factor
-SPEC_MIN_STREAMS = ((100000, 11), (30000, 10), (10000, 9), (3000, 8), (1000, 7), (300, 6), (100, 5), (30, 4),
-                    (10, 3), (1, 2))
 
 
 class WrongAnswer(TilewiseError):
@@ -55,11 +53,11 @@ class Config:
     engine: str = "duckdb"
     sf: float = 1.0
     policies: list[str] | str = field(default_factory=lambda: ["wim", "wic"])
-    streams: int | None = None  # None: the TPC-H minimum for the SF, and >= instances on replica engines
+    streams: int | None = None  # None: the benchmark's minimum for the SF, and >= instances on replica engines
     runs: int = 3
     out: str | Path = "tpch-results"
     topology_src: str | None = None
-    queries: list[int] = field(default_factory=lambda: list(Q.NUMBERS))
+    queries: list[QueryId] | None = None  # None: all of the benchmark's
     allocator: str = "system"
     data_dir: str | Path | None = None
     smt: bool = False
@@ -68,12 +66,12 @@ class Config:
     validate: bool = True
     plots: bool = True
     tests: tuple[str, ...] = TESTS
-    refresh: bool | None = None  # None: where the engine can write
-    benchmark: str = "tpch"  # "tpch" | "jcch" (JCC-H: skewed data and parameters)
-    params: str | None = None  # JCC-H: "skewed" (default) | "normal" query parameters
-    seed: int = 0  # JCC-H: seed of the query parameters (each stream draws its own from it)
-    data_seed: int = 0  # JCC-H: seed of the data generator
-    inject_wrong: tuple[int, ...] = ()  # test hook: corrupt these queries' answers before validation
+    refresh: bool | None = None  # None: where the benchmark has refresh functions and the engine can write
+    benchmark: str = "tpch"  # a name of the benchmark registry (tilewise.benchmarks)
+    params: str | None = None  # the benchmark's query parameter set (None: its default; only where it has sets)
+    seed: int = 0  # seed of drawn query parameters (each stream draws its own from it)
+    data_seed: int = 0  # seed of the data generator, where it takes one
+    inject_wrong: tuple[QueryId, ...] = ()  # test hook: corrupt these queries' answers before validation
     worker_memory: str | None = None  # JVM engines (spark, trino): memory per worker, e.g. 2g
 
 
@@ -122,17 +120,10 @@ def parse_tests(text: str | tuple | list) -> tuple[str, ...]:
     return tuple(t for t in TESTS if t in items)
 
 
-def spec_min_streams(sf: float) -> int:
-    for size, n in SPEC_MIN_STREAMS:
-        if sf >= size:
-            return n
-    return 2
-
-
-def default_streams(sf: float, replicas: bool, plans) -> int:
-    """The TPC-H minimum for the scale factor; on a replica engine at least one stream per
-    instance of the largest deployment (fewer streams than instances measures idle cores)."""
-    n = spec_min_streams(sf)
+def default_streams(min_streams: int, replicas: bool, plans) -> int:
+    """The benchmark's minimum for the scale factor (min_streams); on a replica engine at least one
+    stream per instance of the largest deployment (fewer streams than instances measures idle cores)."""
+    n = min_streams
     if replicas:
         n = max([n] + [len(p.instances) for _, p in plans])
     return n
@@ -162,30 +153,6 @@ def idle_warning(label: str, instances: int, streams: int, replicas: bool) -> st
             f"{instances} or more")
 
 
-def power_at_size(sf: float, query_s: list[float], refresh_s: list[float]) -> float | None:
-    """TPC-H 5.4.1: 3600 x SF / the geometric mean of the power test's query and refresh timing
-    intervals. Intervals shorter than the longest / 1000 count as the longest / 1000."""
-    xs = [x for x in list(query_s) + list(refresh_s) if x is not None]
-    if not xs or not all(x > 0 for x in xs):
-        return None
-    floor = max(xs) / 1000.0
-    xs = [max(x, floor) for x in xs]
-    return 3600.0 * sf / math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
-def throughput_at_size(sf: float, streams: int, queries_per_stream: int, interval_s: float) -> float | None:
-    """TPC-H 5.4.2: S x 22 x 3600 / Ts x SF (with the queries actually run per stream)."""
-    if not interval_s or interval_s <= 0:
-        return None
-    return streams * queries_per_stream * 3600.0 / interval_s * sf
-
-
-def qphh_at_size(power: float | None, throughput: float | None) -> float | None:
-    if not power or not throughput:
-        return None
-    return math.sqrt(power * throughput)
-
-
 # ---- checks before anything starts ------------------------------------------------------------
 
 def make_plans(cfg: Config, topo) -> list[tuple[str, object]]:
@@ -205,12 +172,14 @@ def check_config(cfg: Config):
     """Everything that can be checked before anything is started; returns (engine class, topology, plans)."""
     from tilewise import allocators, engines
 
-    cfg.sf = _data_module(cfg).check_sf(cfg.sf)
-    Q.QuerySet(cfg.benchmark, cfg.params, seed=cfg.seed, sf=cfg.sf)  # benchmark, --params
-    if cfg.benchmark == "jcch":
-        from tilewise.data import jcch
-
-        cfg.seed, cfg.data_seed = jcch.check_seed(cfg.seed), jcch.check_seed(cfg.data_seed)
+    spec = benchmarks.get(cfg.benchmark)
+    cfg.sf = spec.data.check_sf(cfg.sf)
+    cfg.queries = spec.catalog.check(cfg.queries)
+    spec.query_set(cfg.params, seed=cfg.seed, sf=cfg.sf)  # --params
+    if spec.query_seed:
+        cfg.seed = check_seed(cfg.seed)
+    if spec.data.seeded:
+        cfg.data_seed = spec.data.check_seed(cfg.data_seed)
     if cfg.streams is not None and cfg.streams < 1:
         raise UsageError(f"--streams must be >= 1, got {cfg.streams}")
     if cfg.runs < 1:
@@ -223,6 +192,8 @@ def check_config(cfg: Config):
 
         parse_size_mb(cfg.worker_memory)
     engine_cls = engines.get(cfg.engine)
+    if cfg.refresh and spec.refresh is None:
+        raise UsageError(f"{spec.title} has no refresh functions here", "drop --refresh")
     if cfg.refresh and not getattr(engine_cls, "supports_refresh", False):
         raise UsageError(f"the {cfg.engine} engine cannot apply the refresh functions (it does not write its tables)",
                          "drop --refresh; the results then say 'without refresh functions'")
@@ -233,16 +204,8 @@ def check_config(cfg: Config):
     plans = make_plans(cfg, topo)
     live_fp = topology.load(None).fingerprint() if cfg.topology_src else None
     for _, p in plans:
-        launch.ensure_runnable(p, live_fp)
+        ensure_runnable(p, live_fp)
     return engine_cls, topo, plans
-
-
-def _data_module(cfg: Config):
-    if cfg.benchmark == "jcch":
-        from tilewise.data import jcch
-
-        return jcch
-    return tpch_data
 
 
 def memory_warning(dataset, plans) -> str | None:
@@ -300,14 +263,16 @@ class States:
     submitted after j functions had completed (on every instance) and returned before function
     k + 1 was started can only have seen states j..k: its answer must equal the reference of one of
     them. References are computed by DataFusion for exactly that state (the loaded tables with the
-    update sets' rows added and deleted), once per state, and cached beside the data.
+    update sets' rows added and deleted), once per state, and cached beside the data. Without
+    refresh functions there is one state, the loaded data (`loaded` None).
     """
 
-    def __init__(self, dataset, schedule: list[tuple[str, RF.RefreshSet]], *, validate: bool) -> None:
+    def __init__(self, dataset, schedule: list[tuple[str, RefreshSet]], *, validate: bool,
+                 loaded: DataState | None = None) -> None:
         self.dataset = dataset
         self.schedule = schedule
         self.sets = {rs.number: rs for _, rs in schedule}
-        self.states = [RF.State()]
+        self.states: list[DataState | None] = [loaded]
         for fn, rs in schedule:
             self.states.append(self.states[-1].after(fn, rs.number))
         self.validate = validate
@@ -323,9 +288,10 @@ class States:
         from tilewise.bench import validate
 
         st = self.states[i]
-        if st.key not in self._refs:
-            self._refs[st.key] = validate.Reference(self.dataset, state=st, sets=self.sets)
-        return self._refs[st.key]
+        key = st.key if st is not None else "loaded"
+        if key not in self._refs:
+            self._refs[key] = validate.Reference(self.dataset, state=st, sets=self.sets)
+        return self._refs[key]
 
     def apply(self, engine, k: int) -> float:
         """Apply the run's k-th refresh function (0-based); returns its time."""
@@ -348,7 +314,7 @@ class States:
 
 @dataclass
 class Answer:
-    query: int
+    query: QueryId
     stream: int
     rows: list
     instance: int
@@ -379,7 +345,8 @@ class _Ctx:
     states: States  # the run's data states (a single one without refresh functions)
     power_fns: tuple[int, int] | None  # indexes of the power test's RF1 and RF2 in the schedule
     stream_fns: list[int]  # indexes of the refresh stream's functions
-    queries: Q.QuerySet  # the SQL of query n in stream s (0 = the power test)
+    queries: QuerySet  # the SQL of query n in stream s (0 = the power test)
+    spec: Benchmark
 
 
 def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], float] = time.perf_counter,
@@ -391,20 +358,20 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
 
     rep = reporter or Reporter()
     registered, topo, plans = check_config(cfg)
+    spec = benchmarks.get(cfg.benchmark)
     engine_cls = engine_cls or registered
     replicas = bool(getattr(engine_cls, "replicas", False))
-    streams = cfg.streams or default_streams(cfg.sf, replicas, plans)
+    streams = cfg.streams or default_streams(spec.metrics.min_streams(cfg.sf), replicas, plans)
     writer = Writer(cfg.out, plots=cfg.plots)  # a bad --out fails before anything starts
-    dataset = dataset_for(cfg.benchmark, cfg.sf, cfg.data_dir, seed=cfg.data_seed if cfg.benchmark == "jcch" else None,
-                          log=rep.message)
-    qset = Q.QuerySet(cfg.benchmark, cfg.params, seed=cfg.seed, sf=cfg.sf)
+    dataset = spec.dataset(cfg.sf, cfg.data_dir, seed=cfg.data_seed if spec.data.seeded else None, log=rep.message)
+    qset = spec.query_set(cfg.params, seed=cfg.seed, sf=cfg.sf)
     version = _engine_version(engine_cls)
     if cfg.engine == "duckdb":
         warn = memory_warning(dataset, plans)
         if warn:
             rep.message(warn)
     supports = bool(getattr(engine_cls, "supports_refresh", False))
-    refresh_on = supports if cfg.refresh is None else bool(cfg.refresh)
+    refresh_on = (supports and spec.refresh is not None) if cfg.refresh is None else bool(cfg.refresh)
     check = system_check(numa_nodes=len(topo.cpu_nodes))
     for w in check["warnings"]:
         rep.message(f"warning: {w}")
@@ -413,7 +380,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "streams": streams, "streams_requested": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
         "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
         "dataset": dataset.to_json(), "benchmark": cfg.benchmark, "query_params": qset.params,
-        "query_seed": qset.seed if cfg.benchmark == "jcch" else None,
+        "query_seed": qset.seed,
     })
     doc.update({
         "requested": {"policies": [label for label, _ in plans], "queries": [f"q{n}" for n in cfg.queries]},
@@ -423,46 +390,42 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "refresh": {"applied": False, "supported": supports},
         "notes": [], "policies": {}, "summary": {},
     })
-    schedule: list[tuple[str, RF.RefreshSet]] = []
+    schedule: list[tuple[str, RefreshSet]] = []
     power_fns, stream_fns = None, []
+    why = None
     if refresh_on:
+        f1, f2 = spec.refresh.functions
         nsets = (1 if "power" in cfg.tests else 0) + (streams if "throughput" in cfg.tests else 0)
-        sets = RF.ensure_sets(dataset, nsets, log=rep.message)
+        sets = spec.refresh.ensure_sets(dataset, nsets, log=rep.message)
         k = 0
         if "power" in cfg.tests:
-            schedule += [("RF1", sets[0]), ("RF2", sets[0])]
+            schedule += [(f1, sets[0]), (f2, sets[0])]
             power_fns, k = (0, 1), 1
         for rs in sets[k:]:
             stream_fns += [len(schedule), len(schedule) + 1]
-            schedule += [("RF1", rs), ("RF2", rs)]
+            schedule += [(f1, rs), (f2, rs)]
         doc["refresh"].update({
-            "applied": True, "generator": RF.GENERATOR, "orders_per_set": RF.orders_per_set(cfg.sf),
-            "sets": [rs.to_json() for rs in sets],
-            "restore": "after each run the refresh functions are undone outside the timed region (RF1's rows "
-                       "deleted, RF2's rows inserted again from the loaded data), so every run starts from the "
-                       "loaded data and reuses update sets 1..N"})
+            "applied": True, **spec.refresh.describe(cfg.sf), "sets": [rs.to_json() for rs in sets],
+            "restore": spec.refresh.restore})
     else:
-        why = ("--no-refresh" if cfg.refresh is False else f"the {cfg.engine} engine cannot write its tables")
+        why = ("--no-refresh" if cfg.refresh is False else f"{spec.title} has no refresh functions here"
+               if spec.refresh is None else f"the {cfg.engine} engine cannot write its tables")
         doc["refresh"]["reason"] = why
-        doc["notes"].append(f"without refresh functions ({why}): Power@Size has no RF1/RF2 intervals and the "
-                            "throughput test has no refresh stream; the figures are not comparable with "
-                            "published TPC-H results")
-    states = States(dataset, schedule, validate=cfg.validate)
-    ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns, qset)
+    doc["notes"] += spec.metrics.notes(queries=len(cfg.queries), total_queries=len(spec.catalog.ids),
+                                       refresh_reason=why)
+    states = States(dataset, schedule, validate=cfg.validate, loaded=spec.refresh.loaded() if refresh_on else None)
+    ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns, qset, spec)
     stream_ids = ([0] if "power" in cfg.tests else []) + (list(range(1, streams + 1)) if "throughput" in cfg.tests else [])
     drawn = qset.describe(stream_ids, cfg.queries)
-    if drawn:  # JCC-H: the parameters every stream runs, as qgen would log them
+    if drawn:  # drawn parameters (JCC-H): what every stream runs, as the benchmark's generator would log them
         doc["query_parameters"] = drawn
         doc["notes"] += drawn["notes"]
-        rep.message(f"JCC-H {qset.params} query parameters, seed {qset.seed}: {len(stream_ids)} stream(s) "
+        rep.message(f"{spec.title} {qset.params} query parameters, seed {qset.seed}: {len(stream_ids)} stream(s) "
                     "with their own (recorded in results.json)")
     if "power" in cfg.tests and replicas:
         doc["notes"].append("the power test runs one stream, so on a replica engine it uses one instance of a "
                             "multi-instance deployment (the specification's single-user test); compare deployments "
-                            "on Throughput@Size and QphH@Size")
-    if len(cfg.queries) < len(Q.NUMBERS):
-        doc["notes"].append(f"{len(cfg.queries)} of the 22 queries: the TPC-H metrics are computed over these "
-                            "only and are not comparable with full runs")
+                            f"on {' and '.join(title for _, title in spec.metrics.names[1:])}")
     if cfg.validate:
         ref = states.reference(0)
         doc["validation"]["reference"] = f"datafusion {ref.version}"
@@ -470,7 +433,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         for n in cfg.queries:  # computed now, not between runs: the loaded data and what the power test sees
             for i in ((0, 1) if power_fns is not None else (0,)):
                 states.reference(i).answer_sql(qset.sql(n, 0), qset.key(n, 0))
-            if cfg.benchmark == "jcch":  # every stream has its own SQL: its answers on the loaded data too
+            if qset.per_stream:  # every stream has its own SQL: its answers on the loaded data too
                 for st in stream_ids:
                     states.reference(0).answer_sql(qset.sql(n, st), qset.key(n, st))
     writer.write(doc)
@@ -528,10 +491,10 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
     per_run = (nq if "power" in cfg.tests else 0) + (ctx.streams * nq if "throughput" in cfg.tests else 0)
     rep.start_policy(label, (int(cfg.warmup) + cfg.runs) * per_run)
     engine = engine_cls(**engine_options(cfg))
-    times: dict[int, list[float]] = {n: [] for n in cfg.queries}
-    warm: dict[int, list[float]] = {n: [] for n in cfg.queries}
-    rows_of: dict[int, int] = {}
-    detail: dict[int, str] = {}
+    times: dict[QueryId, list[float]] = {n: [] for n in cfg.queries}
+    warm: dict[QueryId, list[float]] = {n: [] for n in cfg.queries}
+    rows_of: dict[QueryId, int] = {}
+    detail: dict[QueryId, str] = {}
     try:
         rep.message(f"{label}: starting {len(p.instances)} {cfg.engine} instance(s) "
                     f"({', '.join(cpulist.format(i.cpus) for i in p.instances[:8])}"
@@ -551,7 +514,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
         for r in range(total):
             timed = r >= int(cfg.warmup)
             name = f"run {r + 1 - int(cfg.warmup)}" if timed else "warm-up"
-            one, answers = _one_run(engine, ctx, name)
+            one, answers = _one_run(engine, ctx, name, rec.get("start_s"))
             _check(answers, ctx, label, rows_of, detail, rep)
             if ctx.states.schedule and r < total - 1:
                 _restore(engine, ctx)  # outside the timed region: the next run starts from the loaded data
@@ -579,7 +542,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
                 wrong.append(msg)
 
 
-def _per_query(one: dict, queries: list[int]) -> dict[int, float]:
+def _per_query(one: dict, queries: list[QueryId]) -> dict[QueryId, float]:
     """A run's figure per query: its power-test time, else the median over the throughput streams."""
     if one.get("power"):
         return {n: one["power"]["queries"][f"q{n}"] for n in queries if f"q{n}" in one["power"]["queries"]}
@@ -600,9 +563,9 @@ def _queries(rec: dict, cfg: Config, times, warm, rows_of, detail, *, validated:
         rec["queries"][f"q{n}"] = q
 
 
-def _one_run(engine, ctx: _Ctx, label: str) -> tuple[dict, list[Answer]]:
+def _one_run(engine, ctx: _Ctx, label: str, load_s: float | None) -> tuple[dict, list[Answer]]:
     """One run: the power test, then the throughput test (those selected). Returns the run's
-    record (times, TPC-H metrics) and every answer with the data states it may have seen."""
+    record (times, the benchmark's metrics) and every answer with the data states it may have seen."""
     cfg = ctx.cfg
     ctx.states.reset()
     answers: list[Answer] = []
@@ -612,15 +575,22 @@ def _one_run(engine, ctx: _Ctx, label: str) -> tuple[dict, list[Answer]]:
     if "throughput" in cfg.tests:
         one["throughput"] = _throughput_test(engine, ctx, label, answers)
     pw, th = one["power"], one["throughput"]
-    one["power_at_size"] = power_at_size(cfg.sf, list(pw["queries"].values()),
-                                         [pw[k] for k in ("rf1_s", "rf2_s") if pw.get(k) is not None]) if pw else None
-    one["throughput_at_size"] = throughput_at_size(cfg.sf, ctx.streams, len(cfg.queries), th["interval_s"]) if th else None
-    one["qphh_at_size"] = qphh_at_size(one["power_at_size"], one["throughput_at_size"])
+    one.update(ctx.spec.metrics.figures(Measured(
+        sf=cfg.sf, queries=len(cfg.queries), total_queries=len(ctx.spec.catalog.ids),
+        power_s=list(pw["queries"].values()) if pw else None,
+        power_refresh_s=[pw[k] for k in _refresh_keys(ctx) if pw.get(k) is not None] if pw else [],
+        streams=ctx.streams, interval_s=th["interval_s"] if th else None, refresh=bool(ctx.states.schedule),
+        load_s=load_s)))
     one["wall_s"] = th["interval_s"] if th else pw["wall_s"]
     return one, answers
 
 
-def _ask(engine, ctx: _Ctx, n: int, stream: int, answers: list[Answer], lock=None) -> float:
+def _refresh_keys(ctx: _Ctx) -> list[str]:
+    """A run record's keys of the refresh functions' times: "rf1_s", "rf2_s"."""
+    return [f"{fn.lower()}_s" for fn in ctx.spec.refresh.functions] if ctx.spec.refresh else []
+
+
+def _ask(engine, ctx: _Ctx, n: QueryId, stream: int, answers: list[Answer], lock=None) -> float:
     lo = ctx.states.bounds()
     res = engine.run_query(ctx.queries.sql(n, stream))
     hi = ctx.states.upper()
@@ -635,16 +605,18 @@ def _ask(engine, ctx: _Ctx, n: int, stream: int, answers: list[Answer], lock=Non
 
 def _power_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> dict:
     cfg = ctx.cfg
-    order = Q.stream_order(0, cfg.queries)
-    out: dict = {"order": order, "queries": {}, "refresh": "RF1/RF2" if ctx.power_fns else "none"}
+    order = ctx.spec.catalog.stream_order(0, cfg.queries)
+    out: dict = {"order": order, "queries": {},
+                 "refresh": "/".join(ctx.spec.refresh.functions) if ctx.power_fns else "none"}
     t0 = ctx.clock()
+    k1, k2 = _refresh_keys(ctx) or (None, None)
     if ctx.power_fns:
-        out["rf1_s"] = ctx.states.apply(engine, ctx.power_fns[0])
+        out[k1] = ctx.states.apply(engine, ctx.power_fns[0])
     for n in order:
         out["queries"][f"q{n}"] = _ask(engine, ctx, n, 0, answers)
         ctx.rep.step(f"{label}, power q{n}")
     if ctx.power_fns:
-        out["rf2_s"] = ctx.states.apply(engine, ctx.power_fns[1])
+        out[k2] = ctx.states.apply(engine, ctx.power_fns[1])
     out["wall_s"] = ctx.clock() - t0
     return out
 
@@ -652,7 +624,7 @@ def _power_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> dict:
 def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> dict:
     cfg = ctx.cfg
     lock = threading.Lock()
-    out: dict = {"streams": [{"stream": s, "order": Q.stream_order(s, cfg.queries), "queries": {}}
+    out: dict = {"streams": [{"stream": s, "order": ctx.spec.catalog.stream_order(s, cfg.queries), "queries": {}}
                              for s in range(1, ctx.streams + 1)],
                  "refresh_stream": [] if ctx.stream_fns else None}
 
@@ -662,11 +634,12 @@ def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> di
             ctx.rep.step(f"{label}, throughput stream {rec['stream']} q{n}")
 
     def refresh_stream() -> None:
+        k1, k2 = _refresh_keys(ctx)
         for i in range(0, len(ctx.stream_fns), 2):
             fn1, fn2 = ctx.stream_fns[i], ctx.stream_fns[i + 1]
             t1 = ctx.states.apply(engine, fn1)
             t2 = ctx.states.apply(engine, fn2)
-            out["refresh_stream"].append({"set": ctx.states.schedule[fn1][1].number, "rf1_s": t1, "rf2_s": t2})
+            out["refresh_stream"].append({"set": ctx.states.schedule[fn1][1].number, k1: t1, k2: t2})
 
     jobs = [lambda rec=rec: stream(rec) for rec in out["streams"]]
     if ctx.stream_fns:

@@ -15,6 +15,9 @@ The rules (docs/tpch.md, "Validation"):
   or a money sum off by 0.01 is wrong.
 - Row order is compared on the outermost ORDER BY keys; rows tied on them compare as a multiset.
   Without ORDER BY the whole answer is a multiset.
+
+The text the reference engine runs for a query is the benchmark's to say (Benchmark.reference_sql:
+TPC-H's rewrites Q21 for speed); the benchmark is the data set's, from the registry.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from decimal import ROUND_DOWN, ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 
-from tilewise.bench import queries as _queries
+from tilewise import benchmarks
 from tilewise.bench import sqlshape
 from tilewise.data import Dataset
 from tilewise.errors import TilewiseError
@@ -255,39 +258,6 @@ def compare(got: list[list], want: list[list], columns: list[Column] | None = No
 
 # ---- the reference -----------------------------------------------------------------------------
 
-# Q21's EXISTS / NOT EXISTS over lineitem, correlated on the order with an inequality on the supplier.
-# DataFusion runs them as hash joins on l_orderkey whose filter sees every pair of lines of an order:
-# fine for TPC-H's 1-7 lines per order, hopeless for JCC-H's mega orders (300,000 x SF lines each;
-# at SF 1 one stream's Q21 had not finished after 10 minutes). For the reference engine only, they become the
-# same conditions over per-order aggregates (l_suppkey is NOT NULL):
-#   exists l2 (same order, other supplier)       <=> not (min = max = l1's supplier)
-#   not exists l3 (same order, other supplier, late) <=> no late line, or min = max = l1's supplier
-# over the order's late lines. Engines under test always get the query as written.
-_Q21_FROM = "from supplier, lineitem l1, orders, nation where"
-_Q21_EXISTS = ("and exists ( select * from lineitem l2 where l2.l_orderkey = l1.l_orderkey and l2.l_suppkey <> "
-               "l1.l_suppkey ) and not exists ( select * from lineitem l3 where l3.l_orderkey = l1.l_orderkey and "
-               "l3.l_suppkey <> l1.l_suppkey and l3.l_receiptdate > l3.l_commitdate )")
-_Q21_FROM_AGG = (
-    "from supplier, lineitem l1, orders, nation, "
-    "(select l_orderkey as q21_key, min(l_suppkey) as q21_min, max(l_suppkey) as q21_max "
-    "from lineitem group by l_orderkey) q21_all "
-    "left join (select l_orderkey as q21_late_key, min(l_suppkey) as q21_late_min, max(l_suppkey) as q21_late_max "
-    "from lineitem where l_receiptdate > l_commitdate group by l_orderkey) q21_late on q21_key = q21_late_key where")
-_Q21_AGG = ("and q21_key = l1.l_orderkey and (q21_min <> l1.l_suppkey or q21_max <> l1.l_suppkey) "
-            "and (q21_late_key is null or (q21_late_min = l1.l_suppkey and q21_late_max = l1.l_suppkey))")
-
-
-def reference_sql(sql: str) -> str:
-    """The text the reference engine runs for sql: Q21 (TPC-H's or JCC-H's, any nation) with its
-    correlated subqueries as per-order aggregates (see above); every other text unchanged. Comments go,
-    white space is folded (the answer does not depend on either)."""
-    text = " ".join(ln for ln in sql.splitlines() if not ln.lstrip().startswith("--"))
-    text = " ".join(text.replace("(", " ( ").replace(")", " ) ").split())
-    if text.count(_Q21_FROM) != 1 or text.count(_Q21_EXISTS) != 1:
-        return sql
-    return text.replace(_Q21_FROM, _Q21_FROM_AGG).replace(_Q21_EXISTS, _Q21_AGG)
-
-
 @dataclass
 class Answer:
     columns: list[Column]
@@ -297,15 +267,17 @@ class Answer:
 class Reference:
     """Reference answers for one data set, computed by DataFusion on first use and cached.
 
-    With a refresh `state` (data.refresh.State and its update sets), the answers are those of the
-    loaded data after those TPC-H refresh functions: orders and lineitem become views (loaded rows
-    minus RF2's deletions, plus RF1's insertions), cached apart per state."""
+    With a refresh `state` (tilewise.data.refresh.DataState and its update sets), the answers are
+    those of the loaded data after those refresh functions: the tables they change become views
+    (TPC-H: orders and lineitem, loaded rows minus RF2's deletions plus RF1's insertions), cached
+    apart per state."""
 
     def __init__(self, dataset: Dataset, *, state=None, sets=None) -> None:
         self.dataset = dataset
+        self.spec = benchmarks.get(dataset.benchmark)
         self.data_dir = Path(dataset.dir)
         self.version = reference_engine_version()
-        self.state = state if state is not None and (state.inserted or state.deleted) else None
+        self.state = state if state is not None and not state.loaded else None
         self.sets = sets or {}
         self.cache_dir = self.data_dir / "reference" / f"f3-datafusion-{self.version}"
         if self.state is not None:
@@ -313,8 +285,9 @@ class Reference:
         self._mem: dict[str, tuple[str, Answer]] = {}
         self._ctx = None
 
-    def answer(self, n: int) -> Answer:
-        return self.answer_sql(_queries.load(n), f"q{n:02d}")
+    def answer(self, q) -> Answer:
+        """The answer to query q of the benchmark's catalog (its qualification parameters)."""
+        return self.answer_sql(self.spec.catalog.text(q), self.spec.catalog.ref_key(q))
 
     def answer_sql(self, sql: str, key: str) -> Answer:
         """The reference answer to sql, cached as <cache_dir>/<key>.json (recomputed when the SQL differs)."""
@@ -344,7 +317,7 @@ class Reference:
             import datafusion
 
             ctx = datafusion.SessionContext()
-            changed = {"orders", "lineitem"} if self.state is not None else set()
+            changed = set(self.state.changed) if self.state is not None else set()
             for name, p in self.dataset.tables.items():
                 ctx.register_parquet(f"{name}__loaded" if name in changed else name, str(p))
             if self.state is not None:
@@ -355,7 +328,7 @@ class Reference:
                     ctx.sql(view)
             self._ctx = ctx
         try:
-            table = self._ctx.sql(reference_sql(sql)).to_arrow_table()
+            table = self._ctx.sql(self.spec.reference_sql(sql)).to_arrow_table()
         except Exception as e:
             raise TilewiseError(f"the reference engine (DataFusion) failed on {key}: {e}") from None
         cols = [Column(f.name, str(f.type), arrow_kind(f.type)) for f in table.schema]
@@ -370,8 +343,8 @@ class Reference:
         except OSError:
             pass  # a read-only data directory only costs recomputation next time
 
-    def check(self, n: int, rows) -> Check:
-        return self.check_sql(_queries.load(n), f"q{n:02d}", rows)
+    def check(self, q, rows) -> Check:
+        return self.check_sql(self.spec.catalog.text(q), self.spec.catalog.ref_key(q), rows)
 
     def check_sql(self, sql: str, key: str, rows) -> Check:
         ans = self.answer_sql(sql, key)

@@ -36,7 +36,7 @@ def bench_elastic(sf, clients, duration, workloads, configs, interval, th_min, t
     tilewise bench elastic --sf 0.1 --clients 4 --duration 10
     """
     from tilewise import topology
-    from tilewise.data import tpch as tpch_data
+    from tilewise.benchmarks.tpch import data as tpch_data
     from tilewise.elastic import experiment as ex
     from tilewise.environment import system_check
     from tilewise.results import model, report

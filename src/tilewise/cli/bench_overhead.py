@@ -48,8 +48,8 @@ def overhead(sf, rounds, runs, query_list, order, seed, data_dir, tilewise_src, 
     tilewise bench overhead --sf 1 --rounds 6 --runs 3
     """
     from tilewise.bench import overhead as ov
-    from tilewise.bench import queries as Q
-    from tilewise.data.tpch import check_sf
+    from tilewise.benchmarks.tpch import queries as Q
+    from tilewise.benchmarks.tpch.data import check_sf
 
     cfg = ov.Config(sf=check_sf(sf), rounds=rounds, runs=runs, queries=Q.parse_selection(query_list), order=order,
                     seed=seed, out=out_dir, data_dir=data_dir, tilewise_src=tilewise_src, plain_fetch=plain_fetch,

@@ -1,9 +1,14 @@
-"""`tilewise bench tpch`: TPC-H per deployment policy, validated, with results.json/CSV/plots."""
+"""`tilewise bench tpch` and `tilewise bench <benchmark>`: a benchmark per deployment policy,
+validated, with results.json/CSV/plots. One command per benchmark of the registry
+(tilewise.benchmarks), its options from the benchmark's spec; `bench tpch` also takes
+--benchmark NAME (any registered benchmark)."""
 
 from __future__ import annotations
 
 import click
 
+from tilewise import benchmarks
+from tilewise.benchmarks.spec import check_seed
 from tilewise.cli.common import AT_LEAST_1, ProgressBars, console, emit_json, json_option, topology_option
 
 
@@ -39,69 +44,114 @@ class _RichReporter(ProgressBars):
             self.task = None
 
 
-@click.command("tpch")
-@click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark, trino.")
-@click.option("--benchmark", "-b", type=click.Choice(["tpch", "jcch"]), default="tpch", show_default=True,
-              help="tpch, or jcch: JCC-H, TPC-H with skewed data and join-crossing correlations (docs/jcch.md).")
-@click.option("--params", "qparams", type=click.Choice(["skewed", "normal"]), default=None,
-              help="JCC-H query parameters: skewed (default; they hit the skew) or normal (they avoid it).")
-@click.option("--seed", default=None, metavar="S",
-              help="JCC-H: seed of the query parameters; each stream draws its own (default 0).")
-@click.option("--data-seed", default=None, metavar="S", help="JCC-H: seed of the data generator (default 0).")
-@click.option("--sf", default="1", show_default=True, help="Scale factor (> 0; JCC-H >= 0.01), e.g. 1 or 0.01.")
-@click.option("--policies", "-p", default="wim,wic,auto", show_default=True,
-              help="Comma-separated deployment policies; the first is the baseline (n=K for K instances).")
-@click.option("--streams", "-s", type=AT_LEAST_1, default=None,
-              help="Query streams of the throughput test (default: the TPC-H minimum for the SF, 2 at SF 1, and at "
-                   "least one per instance on engines whose instances are replicas, like DuckDB).")
-@click.option("--tests", "tests", default="power,throughput", show_default=True, metavar="LIST",
-              help="TPC-H tests per run: power (1 stream, RF1, queries, RF2), throughput (S streams + a refresh stream).")
-@click.option("--refresh/--no-refresh", "refresh", default=None,
-              help="Run the refresh functions RF1/RF2 (default: where the engine can write its tables).")
-@click.option("--runs", "-r", type=AT_LEAST_1, default=3, show_default=True, help="Timed runs after one warm-up run.")
-@click.option("--out", "-o", "out_dir", default="tpch-results", show_default=True, metavar="DIR",
-              help="Where results.json, results.csv and the plots go.")
-@topology_option
-@click.option("--queries", "-q", "query_list", default=None, metavar="LIST", help="Subset, e.g. 1,6,10-12 (default: all 22).")
-@click.option("--allocator", default=None,
-              help="Memory allocator preloaded into every instance: system (default), jemalloc, tcmalloc, mimalloc, tbbmalloc.")
-@click.option("--config", "config_path", default=None, metavar="FILE",
-              help="A configuration written by `tilewise tune`: supplies allocator and memory policy (flags win).")
-@click.option("--data-dir", default=None, metavar="DIR",
-              help="Data cache (default: ~/.cache/tilewise/tpch, or ~/.cache/tilewise/jcch for JCC-H).")
-@click.option("--mem", default=None, metavar="POLICY", help="Override every policy's memory policy.")
-@click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only).")
-@click.option("--worker-memory", default=None, metavar="SIZE",
-              help="spark/trino: memory (heap) per worker, e.g. 2g (default: half of its NUMA node's memory, "
-                   "split between the instances on that node).")
-@click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
-@click.option("--no-plots", is_flag=True, help="Do not write PNG plots.")
-@click.option("--inject-wrong-answer", "inject", default=None, hidden=True,
-              help="Test hook: corrupt these queries' answers before validation, e.g. 6.")
-@json_option
-def tpch(engine, benchmark, qparams, seed, data_seed, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list, allocator, config_path, data_dir, mem,
-         smt, worker_memory, no_warmup, no_plots, inject, as_json):
-    """Run TPC-H under each deployment policy: per run a power test and a throughput test (with the
-    refresh functions where the engine can write), every answer validated; report per-query times,
-    speedups, Power@Size, Throughput@Size and QphH@Size. --benchmark jcch runs JCC-H instead:
-    skewed data and qgen's skewed or normal parameters, drawn per stream.
+def make_command(name: str, *, choose: bool = False) -> click.Command:
+    """The harness command for the benchmark `name`; with choose=True it also takes --benchmark (any
+    registered benchmark, default `name`) and the options of every benchmark (`bench tpch`)."""
+    specs = benchmarks.loadable() if choose else [benchmarks.get(name)]
+    own = benchmarks.get(name)
+    param_sets = [(b, b.params) for b in specs if b.params is not None]
+    choices = list(dict.fromkeys(c for _, p in param_sets for c in p.choices))
+    seeded_queries = [b for b in specs if b.query_seed]
+    seeded_data = [b for b in specs if b.data.seeded]
+    strict = [b for b in specs if b.data.sf_rule != own.data.sf_rule]
+    functions = f" {'/'.join(own.refresh.functions)}" if own.refresh else ""
 
-    \b
-    Example: tilewise bench tpch --sf 1 --policies wim,wic,auto --runs 3 --out results/tpch
-             tilewise bench tpch --benchmark jcch --params skewed --sf 1 --out results/jcch
-    """
-    from tilewise.bench import queries as Q
+    opts = [
+        click.option("--engine", "-e", default="duckdb", show_default=True, help="Engine adapter: duckdb, spark, trino."),
+    ]
+    if choose:
+        opts.append(click.option(
+            "--benchmark", "-b", type=click.Choice(benchmarks.names()), default=name, show_default=True,
+            help="; ".join(f"{b.name}: {b.about}" for b in specs) + "."))
+    if param_sets:
+        opts.append(click.option(
+            "--params", "qparams", type=click.Choice(choices), default=None,
+            help="Query parameters, drawn per stream: " + "; ".join(
+                (f"{b.title}: " if choose else "") + p.help for b, p in param_sets) + "."))
+    if seeded_queries:
+        opts.append(click.option(
+            "--seed", default=None, metavar="S",
+            help=f"{'/'.join(b.title for b in seeded_queries) + ': s' if choose else 'S'}eed of the query parameters; "
+                 "each stream draws its own (default 0)."))
+    if seeded_data:
+        opts.append(click.option(
+            "--data-seed", default=None, metavar="S",
+            help=f"{'/'.join(b.title for b in seeded_data) + ': s' if choose else 'S'}eed of the data generator "
+                 "(default 0)."))
+    rule = "; ".join([own.data.sf_rule] + [f"{b.title} {b.data.sf_rule}" for b in strict if b is not own])
+    opts += [
+        click.option("--sf", default="1", show_default=True, help=f"Scale factor ({rule}), e.g. 1 or 0.01."),
+        click.option("--policies", "-p", default="wim,wic,auto", show_default=True,
+                     help="Comma-separated deployment policies; the first is the baseline (n=K for K instances)."),
+        click.option("--streams", "-s", type=AT_LEAST_1, default=None,
+                     help=f"Query streams of the throughput test (default: the benchmark's minimum for the SF, "
+                          f"{own.metrics.min_streams(1.0)} at SF 1 for {own.title}, and at least one per instance on "
+                          "engines whose instances are replicas, like DuckDB)."),
+        click.option("--tests", "tests", default="power,throughput", show_default=True, metavar="LIST",
+                     help="Tests per run: power (1 stream, with the refresh functions around the queries), "
+                          "throughput (S streams + a refresh stream)."),
+        click.option("--refresh/--no-refresh", "refresh", default=None,
+                     help=f"Run the refresh functions{functions} (default: where the benchmark has them and the "
+                          "engine can write its tables)."),
+        click.option("--runs", "-r", type=AT_LEAST_1, default=3, show_default=True, help="Timed runs after one warm-up run."),
+        click.option("--out", "-o", "out_dir", default=f"{name}-results", show_default=True, metavar="DIR",
+                     help="Where results.json, results.csv and the plots go."),
+        topology_option,
+        click.option("--queries", "-q", "query_list", default=None, metavar="LIST",
+                     help="Subset, e.g. 1,6,10-12 (default: all of the benchmark's)."),
+        click.option("--allocator", default=None,
+                     help="Memory allocator preloaded into every instance: system (default), jemalloc, tcmalloc, "
+                          "mimalloc, tbbmalloc."),
+        click.option("--config", "config_path", default=None, metavar="FILE",
+                     help="A configuration written by `tilewise tune`: supplies allocator and memory policy (flags win)."),
+        click.option("--data-dir", default=None, metavar="DIR",
+                     help="Data cache (default: ~/.cache/tilewise/<benchmark>)."),
+        click.option("--mem", default=None, metavar="POLICY", help="Override every policy's memory policy."),
+        click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
+        click.option("--worker-memory", default=None, metavar="SIZE",
+                     help="spark/trino: memory (heap) per worker, e.g. 2g (default: half of its NUMA node's memory, "
+                          "split between the instances on that node)."),
+        click.option("--no-warmup", is_flag=True, help="Skip the warm-up run."),
+        click.option("--no-plots", is_flag=True, help="Do not write PNG plots."),
+        click.option("--inject-wrong-answer", "inject", default=None, hidden=True,
+                     help="Test hook: corrupt these queries' answers before validation, e.g. 6."),
+        json_option,
+    ]
+
+    def command(**kw):
+        _run(kw.pop("benchmark", name), **kw)
+
+    command.__doc__ = _help(own, [b for b in specs if b is not own] if choose else None)
+    for opt in reversed(opts):
+        command = opt(command)
+    return click.command(name)(command)
+
+
+def _help(spec, others: list | None) -> str:
+    """The command's help: `spec`'s, and with others (bench tpch) how --benchmark runs them."""
+    text = f"""Run {spec.title} under each deployment policy: per run a power test and a throughput test
+    (with the refresh functions where the benchmark has them and the engine can write), every answer
+    validated; report per-query times, speedups and {', '.join(t for _, t in spec.metrics.names)}."""
+    example = f"tilewise bench {spec.name} --sf 1 --policies wim,wic,auto --runs 3 --out results/{spec.name}"
+    if others:
+        text += " --benchmark NAME runs another benchmark instead: " + "; ".join(
+            f"{b.name}, {b.about}" for b in others) + "."
+        b = next((b for b in others if b.params is not None), others[0])
+        params = f" --params {b.params.default}" if b.params is not None else ""
+        example += (f"\n             tilewise bench {spec.name} --benchmark {b.name}{params} --sf 1 "
+                    f"--out results/{b.name}")
+    return f"{text}\n\n    \b\n    Example: {example}\n    "
+
+
+def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list,
+         allocator, config_path, data_dir, mem, smt, worker_memory, no_warmup, no_plots, inject, as_json,
+         qparams=None, seed=None, data_seed=None):
     from tilewise.bench import tpch as harness
-    from tilewise.errors import UsageError
 
-    if benchmark == "tpch":
-        given = [f for f, v in (("--params", qparams), ("--seed", seed), ("--data-seed", data_seed)) if v is not None]
-        if given:
-            raise UsageError(f"{given[0]} applies to --benchmark jcch only", f"drop {given[0]} for TPC-H")
-    from tilewise.data import jcch, tpch as tpch_data
-
-    check_sf = jcch.check_sf if benchmark == "jcch" else tpch_data.check_sf
-
+    spec = benchmarks.get(benchmark)
+    for flag, value, takes in (("--params", qparams, "params"), ("--seed", seed, "seed"),
+                               ("--data-seed", data_seed, "data_seed")):
+        benchmarks.check_flag(spec, flag, value, takes)
     if config_path:  # a tuned configuration (tilewise tune): explicit flags win
         from tilewise.tune.knobs import load_config
 
@@ -110,13 +160,14 @@ def tpch(engine, benchmark, qparams, seed, data_seed, sf, policies, streams, tes
         mem = mem or tuned.mem
     allocator = allocator or "system"
     cfg = harness.Config(
-        engine=engine, benchmark=benchmark, params=qparams,
-        seed=jcch.check_seed(seed) if seed is not None else 0,
-        data_seed=jcch.check_seed(data_seed) if data_seed is not None else 0, sf=check_sf(sf), policies=policies, streams=streams, runs=runs, out=out_dir,
+        engine=engine, benchmark=spec.name, params=qparams,
+        seed=check_seed(seed) if seed is not None else 0,
+        data_seed=spec.data.check_seed(data_seed) if data_seed is not None else 0, sf=spec.data.check_sf(sf),
+        policies=policies, streams=streams, runs=runs, out=out_dir,
         tests=harness.parse_tests(tests), refresh=refresh,
-        topology_src=topology_src, queries=Q.parse_selection(query_list), allocator=allocator,
+        topology_src=topology_src, queries=spec.catalog.parse(query_list), allocator=allocator,
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
-        inject_wrong=tuple(Q.parse_selection(inject)) if inject else (), worker_memory=worker_memory,
+        inject_wrong=tuple(spec.catalog.parse(inject)) if inject else (), worker_memory=worker_memory,
     )
     out = console(wide=True)
     with _RichReporter(quiet=False) as rep:
@@ -126,6 +177,9 @@ def tpch(engine, benchmark, qparams, seed, data_seed, sf, policies, streams, tes
             _final(out, cfg, as_json, failed=True)
             raise
     _final(out, cfg, as_json, failed=False, doc=doc)
+
+
+tpch = make_command("tpch", choose=True)
 
 
 def _final(out, cfg, as_json: bool, failed: bool, doc: dict | None = None) -> None:

@@ -12,7 +12,8 @@ import time
 
 import click
 
-from tilewise import allocators, cpulist, launch, topology
+from tilewise import allocators, cpulist, topology
+from tilewise.binding import ensure_runnable
 from tilewise.cli.common import INDEX, SECONDS, console, emit_json, json_option, topology_option
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import UsageError
@@ -109,7 +110,7 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
     cls.check_installed()
     t = topology.load(topology_src)
     p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
-    launch.ensure_runnable(p)
+    ensure_runnable(p)
     if per_mb:
         memory = {i.id: per_mb for i in p.instances}
     else:
@@ -118,7 +119,7 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
     log = (lambda msg: err.print(f"tilewise: {msg}", markup=False)) if not as_json else None
     dataset = None
     if sf is not None:
-        from tilewise.data import tpch as tpch_data
+        from tilewise.benchmarks.tpch import data as tpch_data
 
         dataset = tpch_data.dataset(sf, data_dir, log=log)
     t0 = time.monotonic()

@@ -83,8 +83,8 @@ COUNT = Number(integer=True, min=1, suffixes=True)  # records, groups, operation
 
 
 def emit_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=_default)
-    sys.stdout.write("\n")
+    # one write: json.dump to a stream writes every token separately (slow for large documents)
+    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
 
 
 def _default(o):

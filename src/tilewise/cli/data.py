@@ -1,21 +1,37 @@
-"""`tilewise data`: generate benchmark data sets (TPC-H, JCC-H) and check JCC-H against its spec."""
+"""`tilewise data`: generate the data set of any registered benchmark (tilewise.benchmarks) and check
+a set against its benchmark's specification, where it has one (JCC-H)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import click
 
+from tilewise import benchmarks
 from tilewise.cli import LazyGroup
 from tilewise.cli.common import ProgressBars, console, emit_json, json_option
+from tilewise.data import store, table_paths
+from tilewise.errors import TilewiseError, UsageError
 
-BENCHMARKS = ("tpch", "jcch")
+_SPECS = benchmarks.loadable()
+_CHECKED = [b for b in _SPECS if b.data.check_kinds]  # benchmarks with a specification to check a set against
 
-benchmark_option = click.option("--benchmark", "-b", type=click.Choice(BENCHMARKS), default="tpch", show_default=True,
-                                help="tpch: TPC-H (tpchgen-cli); jcch: JCC-H, TPC-H with join-crossing correlations and skew.")
-sf_option = click.option("--sf", default="1", show_default=True, help="Scale factor (> 0; JCC-H needs >= 0.01).")
+
+def _rule(b) -> str:
+    return f"{b.title} {b.data.sf_rule}"
+
+
+benchmark_option = click.option("--benchmark", "-b", type=click.Choice(benchmarks.names()),
+                                default=benchmarks.names()[0], show_default=True,
+                                help="; ".join(f"{b.name}: {b.about}" for b in _SPECS) + ".")
+sf_option = click.option("--sf", default="1", show_default=True,
+                         help=f"Scale factor ({'; '.join(_rule(b) for b in _SPECS)}).")
 data_dir_option = click.option("--data-dir", default=None, metavar="DIR",
-                               help="Data cache root (default: ~/.cache/tilewise/tpch or ~/.cache/tilewise/jcch).")
+                               help="Data cache root (default: ~/.cache/tilewise/<benchmark>).")
 seed_option = click.option("--seed", default=None, metavar="S",
-                           help="JCC-H only: seed of the generator's random streams (default 0).")
+                           help=f"{' and '.join(b.title for b in _SPECS if b.data.seeded) or 'Seeded generators'} "
+                                "only: seed of the generator's random streams (default 0).")
 
 
 class DataProgress(ProgressBars):
@@ -40,17 +56,15 @@ class DataProgress(ProgressBars):
 @seed_option
 @json_option
 def generate_cmd(benchmark, sf, data_dir, seed, as_json):
-    """Generate the 8 tables as Parquet (cached: a valid set is reused, never half-written).
+    """Generate a benchmark's tables as Parquet (cached: a valid set is reused, never half-written).
 
     Example: tilewise data generate --benchmark jcch --sf 1 --seed 0
     """
-    import time
-
-    from tilewise.data import dataset_for, store
-
+    spec = benchmarks.get(benchmark)
+    benchmarks.check_flag(spec, "--seed", seed, "data_seed")
     t0 = time.monotonic()
     with DataProgress() as prog:
-        ds = dataset_for(benchmark, sf, data_dir, seed=seed, log=prog.message, progress=prog)
+        ds = spec.dataset(sf, data_dir, seed=seed, log=prog.message, progress=prog)
     man = store.read_manifest(ds.dir) or {}
     doc = {"dir": str(ds.dir), **ds.to_json(), "generator": man.get("generator"),
            "rows": {t: v["rows"] for t, v in man.get("tables", {}).items()},
@@ -60,15 +74,15 @@ def generate_cmd(benchmark, sf, data_dir, seed, as_json):
         emit_json(doc)
         return
     rows = sum(doc["rows"].values())
+    what = f"  {len(ds.tables)} tables, {rows:,} rows, {doc['bytes'] / 1e6:,.1f} MB Parquet ({doc['generator']}"
     click.echo(f"{ds.label}: {ds.dir}")
-    click.echo(f"  8 tables, {rows:,} rows, {doc['bytes'] / 1e6:,.1f} MB Parquet ({doc['generator']}; "
-               f"generation took {doc['generated_s']} s)" if doc["generated_s"] is not None else
-               f"  8 tables, {rows:,} rows, {doc['bytes'] / 1e6:,.1f} MB Parquet ({doc['generator']})")
+    click.echo(f"{what}; generation took {doc['generated_s']} s)" if doc["generated_s"] is not None else f"{what})")
 
 
 @click.command("check")
-@click.option("--benchmark", "-b", type=click.Choice(["jcch"]), default="jcch", show_default=True,
-              help="Only JCC-H has a specification to check against.")
+@click.option("--benchmark", "-b", type=click.Choice([b.name for b in _CHECKED]),
+              default=_CHECKED[0].name if _CHECKED else None, show_default=True,
+              help=f"The benchmarks with a specification to check a set against: {', '.join(b.title for b in _CHECKED)}.")
 @sf_option
 @data_dir_option
 @seed_option
@@ -77,51 +91,53 @@ def generate_cmd(benchmark, sf, data_dir, seed, as_json):
 @click.option("--generate", "gen", is_flag=True, help="Generate the set first when it is not cached.")
 @json_option
 def check_cmd(benchmark, sf, data_dir, seed, set_dir, gen, as_json):
-    """Check a JCC-H set against every hard invariant and statistical target of its specification.
+    """Check a set against every check of its benchmark's specification (JCC-H: every hard
+    invariant and statistical target).
 
     Exits 1 when one fails. Example: tilewise data check --benchmark jcch --sf 1
     """
-    from pathlib import Path
-
-    from tilewise.data import jcch, jcch_check, table_paths
-    from tilewise.errors import TilewiseError, UsageError
-
-    sf_v = jcch.check_sf(sf)
-    seed_v = jcch.check_seed(jcch.DEFAULT_SEED if seed is None else seed)
+    spec = benchmarks.get(benchmark)
+    benchmarks.check_flag(spec, "--seed", seed, "data_seed")
+    data = spec.data
+    sf_v = data.check_sf(sf)
+    seed_v = data.check_seed(data.default_seed if seed is None else seed) if data.seeded else None
+    shown = f"{spec.title} SF {sf_v:g}" + (f" seed {seed_v}" if seed_v is not None else "")
     if set_dir:
         d = Path(set_dir)
-        missing = [t for t, p in table_paths(d).items() if not p.exists()]
+        missing = [t for t, p in table_paths(d, data.tables).items() if not p.exists()]
         if missing:
-            raise UsageError(f"{d} has no {missing[0]}.parquet", "point --dir at a folder with the 8 tables as Parquet")
+            raise UsageError(f"{d} has no {missing[0]}.parquet",
+                             f"point --dir at a folder with the {len(data.tables)} tables as Parquet")
     else:
-        d = jcch.set_dir(sf_v, seed_v, data_dir)
-        if not jcch.is_valid(d):
+        d = data.set_dir(sf_v, seed_v, data_dir)
+        if not data.is_valid(d):
             if not gen:
-                raise UsageError(f"no JCC-H SF {sf_v:g} seed {seed_v} data in {d}",
-                                 f"run `tilewise data generate --benchmark jcch --sf {sf_v:g} --seed {seed_v}` "
+                seed_arg = f" --seed {seed_v}" if seed_v is not None else ""
+                raise UsageError(f"no {shown} data in {d}",
+                                 f"run `tilewise data generate --benchmark {spec.name} --sf {sf_v:g}{seed_arg}` "
                                  "or add --generate")
             with DataProgress() as prog:
-                d = jcch.ensure_data(sf_v, data_dir, seed=seed_v, log=prog.message, progress=prog)
+                d = spec.dataset(sf_v, data_dir, seed=seed_v, log=prog.message, progress=prog).dir
     with console(stderr=True).status("checking"):
-        results = jcch_check.run(d, sf_v)
-    bad = jcch_check.failed(results)
+        results = data.check(d, sf_v)
+    bad = [r for r in results if not r.ok]
     if as_json:
         emit_json({"dir": str(d), "sf": sf_v, "seed": None if set_dir else seed_v, "ok": not bad,
                    "failed": len(bad), "checks": [r.to_json() for r in results]})
     else:
-        render(results, f"JCC-H SF {sf_v:g} in {d}")
+        render(results, f"{spec.title} SF {sf_v:g} in {d}", data.check_kinds)
     if bad:
-        raise TilewiseError(f"{len(bad)} of {len(results)} JCC-H check(s) failed: {bad[0].id} = {bad[0].value} "
+        raise TilewiseError(f"{len(bad)} of {len(results)} {spec.title} check(s) failed: {bad[0].id} = {bad[0].value} "
                             f"(expected {bad[0].expected})")
 
 
-def render(results, title: str, out=None) -> None:
+def render(results, title: str, kinds: tuple[tuple[str, str], ...], out=None) -> None:
     from rich.table import Table
 
     out = out or console()
     if not out.is_terminal:
         out.width = max(out.width, 150)  # a report piped to a file: one line per check
-    for kind, heading in (("invariant", "hard invariants"), ("target", "statistical targets (SF 1 reference)")):
+    for kind, heading in kinds:
         t = Table(title=f"{title}: {heading}", show_edge=False, pad_edge=False, title_justify="left")
         for col in ("", "check", "what", "value", "expected"):
             t.add_column(col, overflow="fold")
@@ -141,4 +157,5 @@ class DataGroup(LazyGroup):
 
 @click.group("data", cls=DataGroup)
 def data() -> None:
-    """Benchmark data sets: generate TPC-H or JCC-H as Parquet, check JCC-H against its specification."""
+    """Benchmark data sets: generate any registered benchmark's as Parquet, check a set against its
+    benchmark's specification."""

@@ -10,6 +10,7 @@ import click
 from tilewise import signals
 from tilewise.cli.common import NON_NEGATIVE, PID, SECONDS, conflicts, console, emit_json, json_option, topology_option
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.procs import ProcId
 
 
 @click.command("elastic")
@@ -205,23 +206,14 @@ def _cluster_instances(name: str | None):
         if m.get("role") != "worker" or not m.get("pid"):
             continue
         pid = int(m["pid"])
-        if not _same_process(pid, m.get("create_time")):
+        ident = ProcId.recorded(pid, m.get("start"), m.get("create_time"))
+        if ident is None or not ident.alive():
             continue
         cpus = (m.get("binding") or {}).get("cpus")
         out.append((f"{name}/{m.get('instance')}", pid, tuple(cpus) if cpus else None))
     if not out:
         raise TilewiseError(f"cluster {name!r} has no running worker instance", "check `tilewise status`")
     return out
-
-
-def _same_process(pid: int, create_time) -> bool:
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        return create_time is None or abs(p.create_time() - float(create_time)) < 0.05
-    except Exception:  # noqa: BLE001 - gone, or not ours to see
-        return False
 
 
 class _LogSink:

@@ -8,6 +8,7 @@ import sys
 import click
 
 from tilewise import allocators, launch, plan, signals, topology
+from tilewise.binding import Binding, check_binding, ensure_runnable
 from tilewise.cli.common import INDEX, conflicts, console, emit_json, json_option, topology_option
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import UsageError
@@ -60,9 +61,9 @@ def exec_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_thread
     if not 0 <= instance_id < len(p.instances):
         raise UsageError(f"instance {instance_id} does not exist: the {p.policy} plan has {len(p.instances)}",
                          f"use --instance 0..{len(p.instances) - 1}")
-    launch.ensure_runnable(p)
-    b = launch.Binding.from_instance(p.instances[instance_id], allocator)
-    launch.check_binding(b)  # a bad binding is one line, before anything starts
+    ensure_runnable(p)
+    b = Binding.from_instance(p.instances[instance_id], allocator)
+    check_binding(b)  # a bad binding is one line, before anything starts
     err = console(stderr=True)
     run = launch.run_forwarding(list(command), b, stdout=sys.stderr if as_json else None,
                                 on_started=None if as_json else (lambda v: err.print(

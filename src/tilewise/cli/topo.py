@@ -36,7 +36,7 @@ def topo(topology_src, as_json, export_path, measure):
             doc["measure_notes"] = notes
         emit_json(doc)
         return
-    lines = render.tree_lines(t) + [render.summary_line(t), INDEX_LEGEND] + notes  # plain text: no rich import here
+    lines = render.tree_lines(t) + [render.summary_line(t), INDEX_LEGEND] + render.note_lines(t) + notes  # plain text: no rich import here
     if export_path:
         lines.append(f"exported hwloc XML to {export_path}")
     click.echo("\n".join(lines))

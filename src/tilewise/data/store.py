@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tilewise import dirs
 from tilewise.data import TABLES
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json, replace_dir
@@ -31,8 +32,7 @@ Progress = Callable[[str, float, "float | None"], None]
 
 def cache_root(kind: str) -> Path:
     """~/.cache/tilewise/<kind> (XDG_CACHE_HOME honoured)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tilewise" / kind
+    return dirs.cache_dir(kind)
 
 
 def read_manifest(d: Path) -> dict | None:
@@ -112,9 +112,9 @@ def run_with_size_progress(cmd: list[str], out_dir: Path, *, task: str, expected
     Raises TilewiseError with the tail of its stderr when it fails; kills it on any exception."""
     import subprocess
 
-    from tilewise import launch
+    from tilewise import launch, procs
 
-    proc = launch.spawn(cmd, launch.Binding(None), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = launch.spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
     reader.start()
@@ -127,7 +127,7 @@ def run_with_size_progress(cmd: list[str], out_dir: Path, *, task: str, expected
             except subprocess.TimeoutExpired:
                 pass
     except BaseException:
-        launch.stop(proc, grace=0)  # the generator and anything it started
+        procs.stop(proc, grace=0)  # the generator and anything it started
         raise
     reader.join(timeout=5)
     if proc.returncode != 0:

@@ -56,7 +56,7 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
     d = None
     th = None
     with launch.Supervisor() as sup:
-        s = sup.start(f"duckdb-{config}-{workload}", argv, launch.Binding(None), verify_binding=False,
+        s = sup.start(f"duckdb-{config}-{workload}", argv, verify_binding=False,
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc = s.proc
         ready = _readline(proc, 900, "loading the data")
@@ -150,7 +150,7 @@ def tables_for(workload: str, data: Path) -> dict:
 
 
 def queries_for(workload: str) -> dict:
-    from tilewise.bench import queries
+    from tilewise.benchmarks.tpch import queries
 
     if workload == "q6":
         return {6: queries.load(6)}

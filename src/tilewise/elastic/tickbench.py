@@ -157,9 +157,9 @@ def run_real(*, threads: int = 16, busy: float = 0.5, mode: str = "adaptive", du
     from tilewise.elastic import enforce as enf
 
     t = topology.load(None)
-    from tilewise import launch
+    from tilewise import launch, procs
 
-    child = launch.spawn([sys.executable, "-c", _BURNER, str(threads), str(busy)], launch.Binding(None),
+    child = launch.spawn([sys.executable, "-c", _BURNER, str(threads), str(busy)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         if child.stdout.readline().strip() != "ready":
@@ -191,7 +191,7 @@ def run_real(*, threads: int = 16, busy: float = 0.5, mode: str = "adaptive", du
             "budget_ms": budget_ms(len(t.pus)), "budget_core_pct": BUDGET_CORE_PCT, "verdict": v,
         }
     finally:
-        launch.stop(child, grace=0)
+        procs.stop(child, grace=0)
         for f in (child.stdin, child.stdout):
             try:
                 f.close()

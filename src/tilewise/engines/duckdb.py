@@ -30,7 +30,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tilewise import launch
+from tilewise import launch, verification
+from tilewise.binding import Binding
 from tilewise.data import Dataset
 from tilewise.engines.base import ArrowRows, Engine, InstanceStatus, QueryResult
 from tilewise.engines.duckdb_worker import read_msg, write_msg
@@ -92,7 +93,7 @@ class DuckDBEngine(Engine):
             raise TilewiseError(f"{dataset.label} data missing in {dataset.dir}: {', '.join(missing)}")
         try:
             for inst in plan.instances:
-                b = launch.Binding.from_instance(inst, allocator)
+                b = Binding.from_instance(inst, allocator)
                 p2c_r, p2c_w = os.pipe()
                 c2p_r, c2p_w = os.pipe()
                 argv = [sys.executable, "-m", "tilewise.engines.duckdb_worker", str(p2c_r), str(c2p_w)]
@@ -291,7 +292,7 @@ class DuckDBEngine(Engine):
             b = w.started.binding
             rc = w.started.proc.poll()
             if rc is None:
-                v = launch.verify(w.started.pid, b, allocator_wait_s=0.0)
+                v = verification.verify(w.started.pid, b, allocator_wait_s=0.0)
                 out.append(InstanceStatus(w.id, w.started.pid, tuple(b.cpus or ()), b.mem_nodes, b.mem_policy,
                                           v.verdict, True, "" if v.verified else v.summary(),
                                           {"verification": v.to_json()}))

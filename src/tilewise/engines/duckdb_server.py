@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from tilewise import launch
+from tilewise.binding import Binding
 from tilewise.engines.base import QueryResult
 from tilewise.engines.base import ArrowRows
 from tilewise.engines.duckdb_worker import Server, read_msg, write_msg
@@ -131,7 +131,7 @@ class DuckDBServers(ProcessCluster):
                     "--memory-mb", str(memory_mb[inst.id])]
             if tables_file:
                 argv += ["--tables", str(tables_file)]
-            m = self._spawn("worker", inst.id, argv, launch.Binding.from_instance(inst, allocator),
+            m = self._spawn("worker", inst.id, argv, Binding.from_instance(inst, allocator),
                             cores=len(inst.cpus), memory_mb=memory_mb[inst.id], extra={"socket": str(path)})
             self._verify_started(m)
             if log:

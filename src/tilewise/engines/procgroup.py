@@ -7,7 +7,7 @@ file, see tilewise.cluster):
 - every process is started through the process edge (launch.spawn: bound before exec, own session)
   and recorded as a Member (role, instance, pid + start time, binding, log);
 - every process carries ``TILEWISE_CLUSTER_TOKEN=<token>`` in its environment (inherited by what it
-  forks: Spark executors, JVM helpers); stopping goes through launch.stop: each member's tree (by
+  forks: Spark executors, JVM helpers); stopping goes through procs.stop: each member's tree (by
   pid + start time, its group, descendants and spawn token) plus every process carrying the cluster
   token, checked, so nothing is orphaned even when the process that started the cluster is gone;
 - the small interface tilewise.cluster drives for every engine: ``start(plan, ...)``,
@@ -26,7 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise import cpulist, launch, procs
+from tilewise import cpulist, launch, procs, verification
+from tilewise.binding import Binding
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance, Plan
 from tilewise.procs import ProcId
@@ -104,14 +105,14 @@ class Member:
     instance: int | None
     pid: int
     create_time: float
-    binding: launch.Binding
+    binding: Binding
     log: str
     cores: int = 0
     memory_mb: int = 0
     proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
     extra: dict = field(default_factory=dict)  # engine specifics: ports, node ids, socket paths
     start: int | None = None  # /proc/PID/stat start time (clock ticks): with pid, names the process
-    token: str | None = None  # the spawn token its descendants carry (launch.SPAWN_VAR)
+    token: str | None = None  # the spawn token its descendants carry (procs.SPAWN_VAR)
 
     def to_json(self) -> dict:
         d = {"role": self.role, "instance": self.instance, "pid": self.pid, "create_time": self.create_time,
@@ -124,16 +125,16 @@ class Member:
     @classmethod
     def from_json(cls, d: dict) -> Member:
         b = d["binding"]
-        binding = launch.Binding(tuple(b["cpus"]) if b.get("cpus") is not None else None, b.get("mem_policy", "first-touch"),
-                                 tuple(b.get("mem_nodes", ())), b.get("allocator", "system"))
+        binding = Binding(tuple(b["cpus"]) if b.get("cpus") is not None else None, b.get("mem_policy", "first-touch"),
+                          tuple(b.get("mem_nodes", ())), b.get("allocator", "system"))
         return cls(d["role"], d.get("instance"), int(d["pid"]), float(d["create_time"]), binding, d.get("log", ""),
                    int(d.get("cores", 0)), int(d.get("memory_mb", 0)), extra=dict(d.get("extra") or {}),
-                   start=int(d["start"]) if d.get("start") is not None else None, token=d.get("token"))
+                   start=_start_of(d), token=d.get("token"))
 
-    def tree(self) -> launch.Tree:
+    def tree(self) -> procs.Tree:
         """What stopping this member must reach: its group, its descendants, its token's carriers."""
         leader = ProcId(self.pid, self.start) if self.start is not None else None
-        return launch.Tree(leader, self.token, popen=self.proc)
+        return procs.Tree(leader, self.token, popen=self.proc)
 
     @property
     def label(self) -> str:
@@ -145,26 +146,14 @@ class Member:
             rc = self.proc.poll()
             if rc is not None:
                 return False, f"exited with {rc_text(rc)}"
-        if self.start is not None:
-            st = procs.stat(self.pid)
-            if st is None:
-                return False, "exited"
-            if st.start != self.start:
-                return False, "exited (its pid now belongs to another process)"
-            return (False, "exited (zombie)") if st.state in "ZX" else (True, "")
-        import psutil
-
-        try:
-            p = psutil.Process(self.pid)
-            if abs(p.create_time() - self.create_time) > 1.0:
-                return False, "exited (its pid now belongs to another process)"
-            if p.status() == psutil.STATUS_ZOMBIE:
-                return False, "exited (zombie)"
-            return True, ""
-        except psutil.NoSuchProcess:
+        if self.start is None:  # an old record (no start time) whose process was gone when loaded
+            return False, "exited (its pid now belongs to another process)" if procs.stat(self.pid) else "exited"
+        st = procs.stat(self.pid)
+        if st is None:
             return False, "exited"
-        except psutil.AccessDenied:
-            return True, ""
+        if st.start != self.start:
+            return False, "exited (its pid now belongs to another process)"
+        return (False, "exited (zombie)") if st.state in "ZX" else (True, "")
 
 
 def rc_text(rc: int) -> str:
@@ -177,12 +166,17 @@ def rc_text(rc: int) -> str:
 
 
 def create_time(pid: int) -> float:
-    import psutil
+    """Wall-clock start time (seconds since the epoch), still written to state files for older
+    readers; tilewise itself names a process by pid + start time (procs.ProcId)."""
+    ident = procs.ProcId.of(pid)
+    return (ident.wall_clock() if ident else None) or 0.0
 
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
+
+def _start_of(d: dict) -> int | None:
+    """A member record's start time; records from before start times were kept have only
+    create_time, upgraded here (None: that process is gone)."""
+    ident = procs.ProcId.recorded(int(d["pid"]), d.get("start"), d.get("create_time"))
+    return ident.start if ident else None
 
 
 def log_tail(path: str, n: int = 6) -> str:
@@ -257,7 +251,7 @@ class ProcessCluster:
         env[TOKEN_VAR] = self.token
         return env
 
-    def _spawn(self, role: str, instance: int | None, argv: list[str], b: launch.Binding, *, cores=0, memory_mb=0,
+    def _spawn(self, role: str, instance: int | None, argv: list[str], b: Binding, *, cores=0, memory_mb=0,
                env: dict | None = None, extra: dict | None = None, log_name: str | None = None,
                **popen_kwargs) -> Member:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
@@ -274,7 +268,7 @@ class ProcessCluster:
         return m
 
     def _verify_started(self, m: Member) -> None:
-        v = launch.verify(m.pid, m.binding)
+        v = verification.verify(m.pid, m.binding)
         if not v.ok:
             raise launch.LaunchError(f"{self.engine} {m.label}: binding not applied: " + "; ".join(v.problems))
 
@@ -335,7 +329,7 @@ class ProcessCluster:
             tail = log_tail(m.log, 2)
             d["detail"] = f"{why}; last log lines: {tail}" if tail else why
             return d
-        v = launch.verify(m.pid, m.binding, allocator_wait_s=0.0)
+        v = verification.verify(m.pid, m.binding, allocator_wait_s=0.0)
         d["verification"] = v.to_json()
         d["binding_verified"] = v.verdict  # True verified, False mismatch, None not checkable
         if not v.verified:
@@ -353,11 +347,11 @@ class ProcessCluster:
     # -- stopping --
     def stop(self, timeout: float = 10.0) -> list[int]:
         """Stop every member's whole tree and every process carrying the cluster token (children a
-        crashed member left behind included): SIGTERM, `timeout`, SIGKILL, then check (launch.stop).
+        crashed member left behind included): SIGTERM, `timeout`, SIGKILL, then check (procs.stop).
         Idempotent. Returns the pids stopped; raises if any process survived."""
         trees = [m.tree() for m in sorted(self.members, key=lambda m: self.STOP_ORDER.get(m.role, 3))]
-        trees.append(launch.Tree(None, self.token, TOKEN_VAR))
-        rep = launch.stop(trees, grace=timeout)
+        trees.append(procs.Tree(None, self.token, TOKEN_VAR))
+        rep = procs.stop(trees, grace=timeout)
         if not rep.ok:
             raise self.error_cls(f"could not stop processes of the cluster: {rep.summary()}",
                                  "kill them by pid (are you the same user?)")

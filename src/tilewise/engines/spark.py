@@ -22,7 +22,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from tilewise import launch
+from tilewise.binding import Binding, ensure_runnable
 from tilewise.engines import spark_cluster as sc
 from tilewise.engines.base import Engine, InstanceStatus, QueryResult, instance_statuses
 from tilewise.errors import TilewiseError, UsageError
@@ -97,7 +97,7 @@ class SparkEngine(Engine):
     def start(self, plan: Plan, *, dataset: Dataset, allocator: str = "system") -> None:
         if self.cluster is not None:
             raise TilewiseError("this Spark engine is already started; stop() it first")
-        launch.ensure_runnable(plan)
+        ensure_runnable(plan)
         sc.spark_home()
         tables = {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(Path(dataset.dir)).items()}
         from tilewise import topology
@@ -146,7 +146,7 @@ class SparkEngine(Engine):
         parent, child = socket.socketpair()
         try:
             argv = [sys.executable, "-m", "tilewise.engines.spark_driver", str(child.fileno())]
-            self.driver = self.cluster._spawn("driver", None, argv, launch.Binding(None), pass_fds=(child.fileno(),))
+            self.driver = self.cluster._spawn("driver", None, argv, Binding(None), pass_fds=(child.fileno(),))
         finally:
             child.close()
         self._conn = Connection(parent.detach())

@@ -5,7 +5,7 @@ cluster outlives the command, its processes are recorded in a state file, see ti
 
 Every process started here (master, workers, the executors the workers fork, the driver) carries
 ``TILEWISE_CLUSTER_TOKEN=<token>`` in its environment (executors inherit the worker's environment).
-Stopping (procgroup.ProcessCluster.stop, through launch.stop) reaches every member's tree and every
+Stopping (procgroup.ProcessCluster.stop, through procs.stop) reaches every member's tree and every
 live process carrying the token, so nothing is orphaned even when a worker crashed and left its
 executor behind, or when the process that started the cluster is long gone.
 """
@@ -18,7 +18,8 @@ import re
 import shutil
 from pathlib import Path
 
-from tilewise import launch
+from tilewise import verification
+from tilewise.binding import Binding
 from tilewise.engines.procgroup import (  # noqa: F401 - re-exported: the cluster API predates procgroup
     MEMORY_CAP_MB, MEMORY_FRACTION, MEMORY_MIN_MB, START_TIMEOUT_S, TOKEN_VAR, Member, ProcessCluster,
     free_port, log_tail, new_token, parse_size_mb, tagged_processes, worker_memory_mb)
@@ -130,7 +131,7 @@ class SparkCluster(ProcessCluster):
         if not join:
             self.placement = nic.place_coordinator(plan, *nic.detect(self.host))
             inst = self.placement.coordinator
-            self.start_master(wait=False, binding=launch.Binding.from_instance(inst, allocator) if inst else None)
+            self.start_master(wait=False, binding=Binding.from_instance(inst, allocator) if inst else None)
             if log:
                 log(f"master starting at {self.master_url}")
             nic_node = self.placement.nic_node
@@ -167,14 +168,14 @@ class SparkCluster(ProcessCluster):
         return lines
 
     def start_master(self, timeout: float = START_TIMEOUT_S, *, wait: bool = True,
-                     binding: launch.Binding | None = None) -> str:
+                     binding: Binding | None = None) -> str:
         """Start the master on a free loopback port; wait=False returns at once (check with wait_master)."""
         home = spark_home()
         port = free_port(self.host)
         argv = [str(home / "bin" / "spark-class"), MASTER_CLASS, "--host", self.host, "--port", str(port),
                 "--webui-port", "0"]
         self.master_url = f"spark://{self.host}:{port}"
-        self._spawn("master", None, argv, binding or launch.Binding(None))
+        self._spawn("master", None, argv, binding or Binding(None))
         if wait:
             self.wait_master(timeout)
         return self.master_url
@@ -194,7 +195,7 @@ class SparkCluster(ProcessCluster):
             raise SparkError("no master to join: start the master first")
         wdir = self.root / "work" / f"worker-{inst.id}"
         wdir.mkdir(parents=True, exist_ok=True)
-        b = launch.Binding.from_instance(inst, allocator)
+        b = Binding.from_instance(inst, allocator)
         argv = [str(home / "bin" / "spark-class"), WORKER_CLASS, url, "--cores", str(len(inst.cpus)),
                 "--memory", f"{memory_mb}m", "--work-dir", str(wdir), "--host", self.host, "--webui-port", "0"]
         m = self._spawn("worker", inst.id, argv, b, cores=len(inst.cpus), memory_mb=memory_mb)
@@ -224,7 +225,7 @@ class SparkCluster(ProcessCluster):
             if not registered:
                 self._unhealthy(d, "not registered with the master")
             for epid in executors_of(m.pid):
-                ev = launch.verify(epid, m.binding, allocator_wait_s=0.0)
+                ev = verification.verify(epid, m.binding, allocator_wait_s=0.0)
                 d["executors"].append({"pid": epid, "binding_verified": ev.verdict, "verification": ev.state,
                                        "problems": ev.problems})
                 if ev.verdict is False:

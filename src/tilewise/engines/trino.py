@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tilewise import launch
+from tilewise.binding import ensure_runnable
 from tilewise.data import Dataset
 from tilewise.engines import procgroup
 from tilewise.engines import trino_install as ti
@@ -56,7 +56,7 @@ class TrinoEngine(Engine):
     def start(self, plan: Plan, *, dataset: Dataset, allocator: str = "system") -> None:
         if self.cluster is not None:
             raise TilewiseError("this Trino engine is already started; stop() it first")
-        launch.ensure_runnable(plan)
+        ensure_runnable(plan)
         TrinoCluster.check_installed()
         missing = [str(p) for p in dataset.tables.values() if not p.exists()]
         if missing:

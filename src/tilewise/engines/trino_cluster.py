@@ -25,7 +25,7 @@ import re
 import time
 from pathlib import Path
 
-from tilewise import launch
+from tilewise.binding import Binding
 from tilewise.engines import trino_install as ti
 from tilewise.engines.procgroup import (ClusterError, Member, ProcessCluster, free_port,
                                         worker_memory_mb)
@@ -218,7 +218,7 @@ class TrinoCluster(ProcessCluster):
                                                                             "tpch.column-naming": "STANDARD"}))
         return base
 
-    def _launch(self, role: str, instance: int | None, name: str, node_id: str, b: launch.Binding, *, cores: int,
+    def _launch(self, role: str, instance: int | None, name: str, node_id: str, b: Binding, *, cores: int,
                 heap_mb: int, config: dict, catalog: dict, port: int) -> Member:
         jvm = jvm_options(heap_mb, cores if b.cpus is not None else None)
         base = self._write_node(name, node_id, config, jvm, catalog)
@@ -252,7 +252,7 @@ class TrinoCluster(ProcessCluster):
             self.endpoint = f"http://{self.host}:{port}"
             self.placement = placement or nic.place_coordinator(plan, *nic.detect(self.host))
             inst = self.placement.coordinator
-            b = (launch.Binding.from_instance(inst, allocator) if inst is not None else launch.Binding(None))
+            b = (Binding.from_instance(inst, allocator) if inst is not None else Binding(None))
             heap = coordinator_mb or coordinator_memory_mb(memory_mb)
             cluster_mb = sum(int(memory_mb[i.id] * HEAP_QUERY_SHARE) for i in plan.instances)
             m = self._launch("coordinator", None, "coordinator", f"coordinator-{tag}", b,
@@ -268,7 +268,7 @@ class TrinoCluster(ProcessCluster):
             wport = free_port(self.host)
             heap = memory_mb[inst.id]
             m = self._launch("worker", inst.id, f"worker-{inst.id}", f"worker-{inst.id}-{tag}",
-                             launch.Binding.from_instance(inst, allocator), cores=len(inst.cpus), heap_mb=heap,
+                             Binding.from_instance(inst, allocator), cores=len(inst.cpus), heap_mb=heap,
                              config=worker_config(wport, discovery, heap, len(inst.cpus), plugin_dir),
                              catalog=catalog, port=wport)
             if log:

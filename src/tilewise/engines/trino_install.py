@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilewise import dirs
 from tilewise.fsutil import replace_dir
 from tilewise.errors import TilewiseError, UsageError
 
@@ -53,10 +54,7 @@ class InstallError(TilewiseError):
 
 
 def cache_root() -> Path:
-    if os.environ.get("TILEWISE_TRINO_HOME"):
-        return Path(os.environ["TILEWISE_TRINO_HOME"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tilewise" / "trino"
+    return dirs.cache_dir("trino", override="TILEWISE_TRINO_HOME")
 
 
 def mirror() -> str:

@@ -115,11 +115,11 @@ def choose_cpus(t: Topology, cpus_text: str | None, *, smt: bool = True) -> tupl
 
 def run_pairs(tool: str, argv: Sequence[str], pairs: Sequence[tuple[int, int]],
               on_result: Callable[[PairStat], None] | None = None, timeout_s: float | None = None) -> list[PairStat]:
-    from tilewise import launch
+    from tilewise import launch, procs
 
     exe = native.binary(tool)
     stdin_text = "".join(f"{a} {b}\n" for a, b in pairs)
-    proc = launch.spawn([exe, *argv], launch.Binding(None), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = launch.spawn([exe, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, text=True)
     results: list[PairStat] = []
     try:
@@ -136,7 +136,7 @@ def run_pairs(tool: str, argv: Sequence[str], pairs: Sequence[tuple[int, int]],
             last = err.splitlines()[-1] if err else f"exit status {rc}"
             raise ProbeError(f"{tool} failed: {last.removeprefix('error: ')}")
     finally:
-        launch.stop(proc)
+        procs.stop(proc)
         for f in (proc.stdout, proc.stderr):
             if f:
                 f.close()

@@ -19,7 +19,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from tilewise import native, plan as plan_mod
+from tilewise import launch, native, plan as plan_mod
+from tilewise.binding import Binding, ensure_runnable
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.topology.model import Topology
 
@@ -66,8 +67,6 @@ def estimate_s(plans, sizes: Sequence[int], ntimes: int, nominal_gbs: float = 5.
 
 def run_one(p: plan_mod.Plan, size: int, ntimes: int, timeout_s: float) -> dict:
     """One layout at one size; returns per-kernel aggregate GB/s (best and median over repetitions)."""
-    from tilewise.launch import Binding, Supervisor
-
     exe = native.binary("tw_stream")
     total_cpus = sum(len(i.cpus) for i in p.instances)
     total_elems = max(size // ELEM, total_cpus)
@@ -77,7 +76,7 @@ def run_one(p: plan_mod.Plan, size: int, ntimes: int, timeout_s: float) -> dict:
         os.write(fd, b"\0" * 4096)
         os.close(fd)
         outs = []
-        with Supervisor() as sup:
+        with launch.Supervisor() as sup:
             started = []
             for inst in p.instances:
                 elems = max(1, total_elems * len(inst.cpus) // total_cpus)
@@ -146,7 +145,6 @@ def run(t: Topology, cpus: Sequence[int], policies: Sequence[str], sizes: Sequen
     """Every (policy, size) `runs` times, interleaved (run 1 of all cases, then run 2, ...), so a
     drift of the machine hits every layout alike. A case's figures are the medians over runs of
     each run's best and median repetition; every run's figures stay in "runs"."""
-    from tilewise.launch import ensure_runnable
 
     plans = plans_for(t, cpus, policies, smt)
     for p in plans:
@@ -198,8 +196,6 @@ def likwid_copy(cpus: Sequence[int], size: int, timeout_s: float = 300) -> dict:
     """
     import shutil
     import subprocess
-
-    from tilewise import launch
 
     exe = shutil.which("likwid-bench")
     if not exe:

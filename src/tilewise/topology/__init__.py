@@ -49,7 +49,7 @@ def allowed_nodes(t: Topology, status_path: str = "/proc/self/status") -> tuple[
     to this set."""
     from tilewise import cpulist
 
-    ids = tuple(n.id for n in t.numa_nodes)
+    ids = t.mem_allowed_nodes  # a loaded topology: the nodes its allowed_nodeset names
     if not is_live(t):
         return ids
     try:

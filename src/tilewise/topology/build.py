@@ -9,20 +9,22 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilewise.errors import UsageError
-from tilewise.topology.model import Core, L3Domain, NumaNode, Package, Topology
+from tilewise.topology.model import Core, L3Domain, MemoryCache, NumaNode, Package, Topology
 
 
 @dataclass(frozen=True)
 class RawPU:
     cpu: int
-    package: int
-    core_key: Hashable  # unique per physical core across the machine
+    # an int: the package's OS index; another hashable: a package whose OS index is unknown (hwloc
+    # groups those by package_cpus masks); None: the source has no package (one is invented)
+    package: Hashable | None
+    core_key: Hashable | None  # unique per physical core across the machine; None: no core in the source
     core_os_index: int
     node: int
-    l3_key: Hashable | None  # unique per L3 cache; None when unknown
+    l3_key: Hashable | None  # unique per L3 cache; None when unknown or when the PU has no L3
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,36 @@ class RawNode:
     cpus: tuple[int, ...] = ()  # filled from the PUs when empty
     package: int | None = None
     kind: str | None = None
+    invented: bool = False
+
+
+@dataclass(frozen=True)
+class RawMemCache:
+    nodes: tuple[int, ...]
+    size_bytes: int
+    level: int = 1
+
+
+def note(level: str, text: str) -> dict:
+    """One entry of Topology.notes: level "warning" (a defect of the source) or "note" (a choice)."""
+    return {"level": level, "text": text}
+
+
+def _package_ids(pus: Sequence[RawPU]) -> tuple[dict, list[Package]]:
+    """Package key -> id, and the packages' flags. Known OS indexes keep their number; packages whose
+    OS index is unknown and the invented one (for PUs without a package) get the next free numbers."""
+    first: dict[Hashable, int] = {}
+    for p in pus:
+        first[p.package] = min(first.get(p.package, p.cpu), p.cpu)
+    known = sorted(k for k in first if isinstance(k, int) and not isinstance(k, bool))
+    ids: dict[Hashable, int] = {k: k for k in known}
+    nxt = (max(known) + 1) if known else 0
+    flags: dict[int, tuple[bool, bool]] = {k: (False, True) for k in known}
+    for key in sorted((k for k in first if k not in ids), key=lambda k: first[k]):
+        ids[key] = nxt
+        flags[nxt] = (key is None, False)  # (invented, os_index_known)
+        nxt += 1
+    return ids, flags
 
 
 def _locality_blocks(pus: Sequence[RawPU], l3_group) -> dict[tuple[int, int], int]:
@@ -68,9 +100,18 @@ def build(
     source: str,
     allowed_cpus: Sequence[int] | None = None,
     measurements: dict | None = None,
+    distances_source: str | None = None,
+    allowed_nodes: Sequence[int] | None = None,
+    memory_caches: Sequence[RawMemCache] = (),
+    memattrs: dict | None = None,
+    notes: Sequence[dict] = (),
 ) -> Topology:
     if not pus:
         raise UsageError(f"topology from {source} has no PUs", "check the file or description")
+    pkg_id, pkg_flags = _package_ids(pus)
+    invented_cores = {p.cpu for p in pus if p.core_key is None}
+    pus = [replace(p, package=pkg_id[p.package],
+                   core_key=("pu", p.cpu) if p.core_key is None else p.core_key) for p in pus]
     l3_sizes = l3_sizes or {}
     node_ids = sorted({n.id for n in nodes} | {p.node for p in pus})
     raw_nodes = {n.id: n for n in nodes}
@@ -120,10 +161,11 @@ def build(
         cpus = tuple(sorted(x.cpu for x in members))
         l3_cpus[lid].extend(cpus)
         l3_nodes[lid].add(m.node)
-        cores.append(Core(len(cores), m.core_os_index, m.package, m.node, lid, cpus))
+        cores.append(Core(len(cores), m.core_os_index, m.package, m.node, lid, cpus, m.cpu in invented_cores))
 
+    l3_invented = {lid for g, lid in l3_index.items() if not l3_known or (isinstance(g, tuple) and g[:1] == ("node",))}
     l3_domains = tuple(
-        L3Domain(lid, tuple(sorted(l3_cpus[lid])), tuple(sorted(l3_nodes[lid])), *l3_meta[lid])
+        L3Domain(lid, tuple(sorted(l3_cpus[lid])), tuple(sorted(l3_nodes[lid])), *l3_meta[lid], lid in l3_invented)
         for lid in range(len(l3_index))
     )
 
@@ -139,14 +181,30 @@ def build(
         rn = raw_nodes.get(nid, RawNode(nid, 0))
         cpus = tuple(sorted(node_cpu.get(nid, ())))
         kind = rn.kind or ("dram" if cpus else "memory")
-        pkg = node_pkg.get(nid, rn.package)
-        numa_nodes.append(NumaNode(nid, cpus, rn.memory_bytes, pkg, kind))
-    packages = tuple(Package(pid, tuple(sorted(c))) for pid, c in sorted(pkg_cpu.items()))
+        pkg = node_pkg.get(nid, pkg_id.get(rn.package, rn.package))
+        if pkg not in pkg_cpu:  # a package with no PU here (emptied by a restriction): none
+            pkg = None
+        numa_nodes.append(NumaNode(nid, cpus, rn.memory_bytes, pkg, kind, rn.invented))
+    packages = tuple(Package(pid, tuple(sorted(c)), *pkg_flags[pid]) for pid, c in sorted(pkg_cpu.items()))
 
-    if distances is None or not len(distances):
+    if distances is None or not len(distances) or len(numa_nodes) == 1:  # hwloc keeps no 1-node matrix
         dist = default_distances(len(numa_nodes))
+        distances_source = "default"
     else:
         dist = tuple(tuple(int(v) for v in row) for row in distances)
+        distances_source = distances_source or "firmware"
+    caches = tuple(MemoryCache(i, tuple(sorted(m.nodes)), m.size_bytes, m.level)
+                   for i, m in enumerate(sorted(memory_caches, key=lambda m: (sorted(m.nodes), -m.level))))
+    node_set = set(node_ids)
+    for m in caches:
+        if not m.numa_nodes or not set(m.numa_nodes) <= node_set:
+            raise UsageError(f"topology from {source}: a memory-side cache names unknown NUMA node(s) "
+                             f"{sorted(set(m.numa_nodes) - node_set)}")
+    mem_allowed = None
+    if allowed_nodes is not None:
+        mem_allowed = tuple(sorted(set(allowed_nodes) & node_set))
+        if mem_allowed == tuple(node_ids):
+            mem_allowed = None
 
     allowed = None
     if allowed_cpus is not None:
@@ -166,4 +224,9 @@ def build(
         allowed_cpus=allowed,
         l3_known=l3_known,
         measurements=dict(measurements or {}),
+        distances_source=distances_source,
+        allowed_nodes=mem_allowed,
+        memory_caches=caches,
+        memattrs=dict(memattrs or {}),
+        notes=tuple(notes),
     )

@@ -20,8 +20,14 @@ from tilewise.errors import UsageError
 
 @dataclass(frozen=True)
 class Package:
-    id: int  # OS index (physical_package_id)
+    id: int  # OS index (physical_package_id); a logical number when os_index_known is False
     cpus: tuple[int, ...]
+    invented: bool = False  # the source has no package: one made up to hold its PUs
+    os_index_known: bool = True  # False: grouped as hwloc does (package_cpus masks, XML without os_index)
+
+    @property
+    def os_index(self) -> int | None:
+        return self.id if self.os_index_known and not self.invented else None
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,9 @@ class NumaNode:
     memory_bytes: int  # 0 when unknown
     package: int | None = None
     kind: str = "dram"  # dram | cxl | hbm | pmem | memory (CPU-less, unknown technology)
+    # not in the source: made up for PUs that have no NUMA node above them (a container whose
+    # allowed memory excludes their node, a firmware node left out); its memory is unknown
+    invented: bool = False
 
     @property
     def cpuless(self) -> bool:
@@ -51,6 +60,9 @@ class L3Domain:
     numa_nodes: tuple[int, ...]  # the nodes holding its CPUs: one, or several when it spans nodes
     package: int
     size_bytes: int  # 0 when unknown
+    # not an L3 of the source: the cores of a node without L3 facts (l3_known False), or cores
+    # with no L3 above them on a machine that has L3s (low-power E-cores): "no L3", never a chiplet
+    invented: bool = False
 
     @property
     def spans_nodes(self) -> bool:
@@ -65,10 +77,27 @@ class Core:
     numa_node: int
     l3: int  # L3Domain.id
     pus: tuple[int, ...]  # OS cpu numbers, first is the primary hardware thread
+    invented: bool = False  # the source has no Core objects: one made up per PU
 
     @property
     def primary(self) -> int:
         return self.pus[0]
+
+
+@dataclass(frozen=True)
+class MemoryCache:
+    """A memory-side cache (hwloc's MemCache): DRAM caching slower memory (Optane memory mode, HBM
+    or MCDRAM cache mode) in front of the NUMA node(s) it lists."""
+
+    id: int  # logical index, in node order
+    numa_nodes: tuple[int, ...]
+    size_bytes: int
+    level: int = 1  # hwloc's cache depth: 1 nearest to the memory
+
+
+# OS/firmware SLIT; added by a tool (hwloc-annotate & co); invented 10/20; the firmware's with
+# 10/20 for invented nodes
+DISTANCE_SOURCES = ("firmware", "user", "default", "partial")
 
 
 @dataclass
@@ -83,6 +112,18 @@ class Topology:
     l3_known: bool = True  # False when no L3 information existed (one domain per node then)
     # Measured matrices keyed by name ("latency_ns", "bandwidth_gbs"): {"cpus": [...], "values": [[...]]}
     measurements: dict = field(default_factory=dict)
+    # where the distance matrix comes from: firmware (the OS/firmware SLIT), user (added to the
+    # XML by a tool such as hwloc-annotate), default (none in the source: 10 local, 20 remote) or
+    # partial (the source's, with 10/20 for nodes the model invented)
+    distances_source: str = "firmware"
+    allowed_nodes: tuple[int, ...] | None = None  # NUMA nodes whose memory may be used; None: all
+    memory_caches: tuple[MemoryCache, ...] = ()
+    # hwloc memory attributes kept as read: {name: {"flags": int, "values": [{"target_node": id,
+    # "initiator_cpus": [cpus] | None, "value": int}]}}
+    memattrs: dict = field(default_factory=dict)
+    # how this model differs from what the source says or what hwloc reads from it, and why
+    # ({"level": "warning" | "note", "text": ...}); warnings are firmware or file defects
+    notes: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
         validate(self)
@@ -125,6 +166,19 @@ class Topology:
     @property
     def l3_spans_nodes(self) -> bool:
         return any(d.spans_nodes for d in self.l3_domains)
+
+    @property
+    def mem_allowed_nodes(self) -> tuple[int, ...]:
+        """The NUMA nodes whose memory may be used (a container can allow fewer than it shows)."""
+        ids = tuple(n.id for n in self.numa_nodes)
+        if self.allowed_nodes is None:
+            return ids
+        return tuple(i for i in ids if i in set(self.allowed_nodes))
+
+    @property
+    def chiplets(self) -> tuple[L3Domain, ...]:
+        """L3 domains that are real caches of the source."""
+        return tuple(d for d in self.l3_domains if not d.invented)
 
     @property
     def cpu_nodes(self) -> tuple[NumaNode, ...]:
@@ -189,26 +243,38 @@ def _plural(n: int, word: str) -> str:
 def summary_line(t: Topology) -> str:
     """e.g. '2 packages, 2 NUMA nodes, 16 chiplets x 8 cores, SMT2, 512 GiB'."""
     parts = [_plural(len(t.packages), "package")]
+    if any(p.invented for p in t.packages):
+        parts[-1] += " (invented: the source has none)"
     nodes = _plural(len(t.numa_nodes), "NUMA node")
     cpuless = sum(1 for n in t.numa_nodes if n.cpuless)
     if cpuless:
         nodes += f" ({cpuless} CPU-less)"
     parts.append(nodes)
-    per_l3 = Counter(sum(1 for c in t.cores if c.l3 == d.id) for d in t.l3_domains)
+    cores_in = Counter(c.l3 for c in t.cores)
+    # with L3 facts, cores under no L3 (low-power E-cores) are not a chiplet: counted apart
+    domains = t.chiplets if t.l3_known else t.l3_domains
+    per_l3 = Counter(cores_in[d.id] for d in domains)
     sizes = " + ".join(f"{k} x {_plural(v, 'core')}" for v, k in sorted(per_l3.items(), key=lambda kv: -kv[1]))
     word = "chiplet" if t.l3_known else "node-wide domain"
-    spanning = [d for d in t.l3_domains if d.spans_nodes]
-    if len(per_l3) == 1:
+    spanning = [d for d in domains if d.spans_nodes]
+    if not per_l3:
+        parts.append("no L3")
+    elif len(per_l3) == 1:
         (v, k), = per_l3.items()
         parts.append(f"{k} {word}{'s' if k != 1 else ''} x {_plural(v, 'core')}")
     else:
-        parts.append(f"{len(t.l3_domains)} {word}s ({sizes})")
+        parts.append(f"{len(domains)} {word}s ({sizes})")
     if spanning:
         per = Counter(len(d.numa_nodes) for d in spanning)
-        if len(spanning) == len(t.l3_domains) and len(per) == 1:
+        if len(spanning) == len(domains) and len(per) == 1:
             parts[-1] += f" each spanning {next(iter(per))} NUMA nodes"
         else:
             parts[-1] += f", {len(spanning)} spanning several NUMA nodes"
+    no_l3 = sum(cores_in[d.id] for d in t.l3_domains if d.invented) if t.l3_known else 0
+    if no_l3:
+        parts[-1] += f" + {_plural(no_l3, 'core')} without L3"
+    if any(c.invented for c in t.cores):
+        parts[-1] += " (cores invented, one per PU: the source has none)"
     parts.append(f"SMT{t.smt}" if t.smt > 1 else "no SMT")
     parts.append(human_bytes(t.memory_bytes))
     return ", ".join(parts)
@@ -241,6 +307,8 @@ def validate(t: Topology) -> None:
         unknown = [x for x in d.numa_nodes if x not in node_ids]
         if unknown or not d.numa_nodes:
             raise UsageError(f"topology from {t.source}: L3 L#{d.id} names unknown NUMA node(s) {unknown}")
+    if t.distances_source not in DISTANCE_SOURCES:
+        raise UsageError(f"topology from {t.source}: unknown distances source {t.distances_source!r}")
     n = len(t.numa_nodes)
     if len(t.distances) != n or any(len(r) != n for r in t.distances):
         raise UsageError(f"topology from {t.source}: distance matrix is not {n}x{n}")

@@ -17,17 +17,41 @@ def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
     shown = 0
     label = "L3" if t.l3_known else "Domain"
 
+    caches_of: dict[int, list] = {}
+    for m in t.memory_caches:
+        for nid in m.numa_nodes:
+            caches_of.setdefault(nid, []).append(m)
+
     def node_line(indent: str, nid: int) -> str:
         node = t.node_by_id[nid]
-        return f"{indent}NUMANode L#{logical_node[nid]} (P#{nid}, {human_bytes(node.memory_bytes)})  cpus {cpulist.format(node.cpus)}"
+        marks = ", invented: not in the source" if node.invented else ""
+        if nid not in t.mem_allowed_nodes:
+            marks += ", memory not allowed"
+        mc = "".join(f", behind MemCache L#{m.id} ({human_bytes(m.size_bytes)})" for m in caches_of.get(nid, ()))
+        return (f"{indent}NUMANode L#{logical_node[nid]} (P#{nid}, {human_bytes(node.memory_bytes)}{mc}{marks})"
+                f"  cpus {cpulist.format(node.cpus)}")
 
     def l3_line(indent: str, d) -> str:
+        if t.l3_known and d.invented:
+            return f"{indent}No L3 ({cores_per_l3[d.id]} cores under no L3 cache: not a chiplet)  cpus {cpulist.format(d.cpus)}"
         size = human_bytes(d.size_bytes) if d.size_bytes else "size unknown"
         spans = f", spans NUMA nodes {cpulist.format(d.numa_nodes)}" if d.spans_nodes else ""
         return f"{indent}{label} L#{d.id} ({size}, {cores_per_l3[d.id]} cores{spans})  cpus {cpulist.format(d.cpus)}"
 
+    if any(c.invented for c in t.cores):
+        lines.append("  (cores invented: the source has no Core objects, one core per PU)")
+    # a node whose CPUs are in several packages is shown once, above them (hwloc hangs it from the Machine)
+    pkg_of = {p: c.package for c in t.cores for p in c.pus}
+    wide = [n for n in t.cpu_nodes if len({pkg_of[p] for p in n.cpus}) > 1]
+    for n in wide:
+        lines.append(node_line("  ", n.id) + f"  (spans {len({pkg_of[p] for p in n.cpus})} packages)")
+    wide_ids = {n.id for n in wide}
     for pi, pkg in enumerate(t.packages):
-        lines.append(f"  Package L#{pi} (P#{pkg.id})  cpus {cpulist.format(pkg.cpus)}")
+        if pkg.invented:
+            ident = "invented: the source has no package"
+        else:
+            ident = f"P#{pkg.id}" if pkg.os_index_known else "P#?, OS index unknown"
+        lines.append(f"  Package L#{pi} ({ident})  cpus {cpulist.format(pkg.cpus)}")
         pkg_cpus = set(pkg.cpus)
         for nodes, l3s in t.locality_blocks:
             domains = [t.l3_by_id[i] for i in l3s if t.l3_by_id[i].package == pkg.id]
@@ -40,57 +64,98 @@ def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
                     lines.extend(node_line("      ", nid) for nid in nodes)
                 continue
             for nid in nodes:
-                if set(t.node_by_id[nid].cpus) & pkg_cpus:
+                if set(t.node_by_id[nid].cpus) & pkg_cpus and nid not in wide_ids:
                     lines.append(node_line("    ", nid))
                 for d in domains:
                     if nid != d.numa_nodes[0]:
                         continue
                     shown += 1
                     if shown <= max_l3:
-                        lines.append(l3_line("      ", d))
+                        lines.append(l3_line("    " if nid in wide_ids else "      ", d))
     if shown > max_l3:
         lines.append(f"      ... {shown - max_l3} more L3 domains (use --json for all)")
     for ni, node in enumerate(t.numa_nodes):
         if node.cpuless:
-            lines.append(f"  NUMANode L#{ni} (P#{node.id}, {human_bytes(node.memory_bytes)}, {node.kind}, no CPUs)")
+            mc = "".join(f", behind MemCache L#{m.id} ({human_bytes(m.size_bytes)})" for m in caches_of.get(node.id, ()))
+            lines.append(f"  NUMANode L#{ni} (P#{node.id}, {human_bytes(node.memory_bytes)}, {node.kind}, no CPUs{mc})")
     if len(t.numa_nodes) > 1:
-        ids = [n.id for n in t.numa_nodes]
-        lines.append("  Distances (SLIT): " + "  ".join(f"{a}->" + ",".join(str(v) for v in row) for a, row in zip(ids, t.distances)))
+        lines.append(distances_line(t))
     if t.allowed_cpus is not None:
         lines.append(f"  Allowed CPUs: {cpulist.format(t.allowed_cpus)}")
+    if t.allowed_nodes is not None:
+        lines.append(f"  Allowed memory nodes: {cpulist.format(t.allowed_nodes) or 'none'}")
     for key, m in sorted(t.measurements.items()):
         lines.append(f"  Measured: {key} over {len(m['cpus'])} CPUs")
+    for name, attr in sorted(t.memattrs.items()):
+        lines.append(f"  Memory attribute {name}: {len(attr['values'])} value(s) (see --json)")
     return lines
+
+
+DIST_SOURCE_WORDS = {
+    "firmware": "from the firmware",
+    "user": "added by a tool (not the firmware)",
+    "default": "default 10/20: none in the source, hwloc shows none",
+    "partial": "from the source, 10/20 for invented nodes",
+}
+
+
+def distances_line(t: Topology, max_nodes: int = 8) -> str:
+    ids = [n.id for n in t.numa_nodes]
+    head = f"  Distances (SLIT, {DIST_SOURCE_WORDS[t.distances_source]}): "
+    if len(ids) > max_nodes:
+        values = sorted({v for row in t.distances for v in row})
+        return head + f"{len(ids)}x{len(ids)}, values {'/'.join(map(str, values[:8]))}{' ...' if len(values) > 8 else ''} (all in --json)"
+    return head + "  ".join(f"{a}->" + ",".join(str(v) for v in row) for a, row in zip(ids, t.distances))
+
+
+def note_lines(t: Topology) -> list[str]:
+    """How this model differs from the source or from hwloc's reading of it, and why."""
+    return [f"{n['level']}: {n['text']}" for n in t.notes]
 
 
 def to_json(t: Topology) -> dict:
     cores_by_l3 = Counter(c.l3 for c in t.cores)
+    allowed_mem = set(t.mem_allowed_nodes)
     return {
         "source": t.source,
         "fingerprint": t.fingerprint(),
         "summary": summary_line(t),
         "packages": len(t.packages),
-        "package_list": [{"id": p.id, "cpus": list(p.cpus)} for p in t.packages],
+        "package_list": [{"id": p.id, "cpus": list(p.cpus), "os_index": p.os_index, "invented": p.invented}
+                         for p in t.packages],
         "numa_nodes": [
             {"id": n.id, "cpus": list(n.cpus), "memory_bytes": n.memory_bytes, "package": n.package,
-             "cpuless": n.cpuless, "kind": n.kind}
+             "cpuless": n.cpuless, "kind": n.kind, "invented": n.invented,
+             "memory_allowed": n.id in allowed_mem}
             for n in t.numa_nodes
         ],
         "l3_domains": [
             {"id": d.id, "cpus": list(d.cpus), "numa_nodes": list(d.numa_nodes), "package": d.package,
-             "size_bytes": d.size_bytes, "cores": cores_by_l3[d.id]}
+             "size_bytes": d.size_bytes, "cores": cores_by_l3[d.id], "invented": d.invented}
             for d in t.l3_domains
         ],
         "l3_known": t.l3_known,
         "cores": len(t.cores),
+        "cores_invented": any(c.invented for c in t.cores),
         "core_list": [
-            {"id": c.id, "os_index": c.os_index, "pus": list(c.pus), "numa_node": c.numa_node, "l3": c.l3, "package": c.package}
+            {"id": c.id, "os_index": c.os_index, "pus": list(c.pus), "numa_node": c.numa_node, "l3": c.l3,
+             "package": c.package, "invented": c.invented}
             for c in t.cores
         ],
         "pus": len(t.pus),
         "smt": t.smt,
         "memory_bytes": t.memory_bytes,
         "distances": [list(r) for r in t.distances],
+        "distances_source": t.distances_source,
         "allowed_cpus": list(t.allowed_cpus) if t.allowed_cpus is not None else None,
+        "allowed_nodes": list(t.allowed_nodes) if t.allowed_nodes is not None else None,
+        "memory_caches": [{"id": m.id, "numa_nodes": list(m.numa_nodes), "size_bytes": m.size_bytes, "level": m.level}
+                          for m in t.memory_caches],
+        # initiators as kernel CPU lists ("0-87,176-263"): thousands of values stay readable
+        "memattrs": {name: {"flags": a["flags"], "values": [
+            {"target_node": v["target_node"], "value": v["value"],
+             "initiator_cpus": cpulist.format(v["initiator_cpus"]) if v["initiator_cpus"] is not None else None}
+            for v in a["values"]]} for name, a in t.memattrs.items()},
         "measurements": t.measurements,
+        "notes": [dict(n) for n in t.notes],
     }

@@ -1,4 +1,18 @@
-"""Linux sysfs: /sys/devices/system/{node,cpu}, read through an injected root directory."""
+"""Linux sysfs: /sys/devices/system/{node,cpu}, read through an injected root directory.
+
+Read as hwloc's Linux backend reads it, so that a saved tree gives the model `lstopo` shows:
+- every list file has its mask twin (``cpulist``/``cpumap``, ``thread_siblings_list``/
+  ``thread_siblings``, ``core_cpus*``, ``package_cpus*``/``core_siblings*``, ``shared_cpu_list``/
+  ``shared_cpu_map``): old kernels and trimmed gathers have only the masks;
+- files may be padded with NUL bytes (some copies are);
+- packages are the groups of ``package_cpus`` (``core_siblings``), numbered by
+  ``physical_package_id`` when it is there and not -1 (s390, some VMs), else "OS index unknown";
+- thread siblings that report distinct ``core_id`` values are separate cores (AMD Bulldozer
+  compute units; hwloc does the same on AMD families 15h/16h);
+- a node whose CPUs were already listed by an earlier node is left out, with a warning (the
+  firmware bug that lists every CPU in every node), as hwloc ignores it;
+- memory-side caches come from ``node*/memory_side_cache/index*``.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +22,56 @@ from pathlib import Path
 
 from tilewise import cpulist
 from tilewise.errors import UsageError
-from tilewise.topology.build import RawNode, RawPU, build
+from tilewise.topology.build import RawMemCache, RawNode, RawPU, build, note
 from tilewise.topology.model import Topology
 
 DEFAULT_ROOT = "/sys/devices/system"
 
 
+def _clean(text: str) -> str:
+    return text.replace("\x00", "").strip()
+
+
 def _read(path: Path) -> str:
     try:
-        return path.read_text().strip()
+        return _clean(path.read_text())
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeError:
+        raise UsageError(f"{path} is not text", "is this a copy of /sys/devices/system?") from None
 
 
 def _read_opt(path: Path) -> str | None:
     try:
-        return path.read_text().strip()
-    except OSError:
+        return _clean(path.read_text())
+    except (OSError, UnicodeError):
         return None
+
+
+_LIST_OF_MASK = {"cpumap": "cpulist", "shared_cpu_map": "shared_cpu_list"}
+
+
+def _cpus(d: Path, mask: str) -> tuple[int, ...] | None:
+    """A CPU set from the list file (``<mask>_list``, ``cpulist``, ``shared_cpu_list``), else from
+    the mask file as hwloc reads it; None when neither is there, () when it is empty."""
+    name = _LIST_OF_MASK.get(mask, f"{mask}_list")
+    text = _read_opt(d / name)
+    if text is not None:
+        return cpulist.parse(text, what=f"{d}/{name}", allow_empty=True)
+    text = _read_opt(d / mask)
+    if text is not None:
+        return cpulist.parse_mask(text, what=f"{d}/{mask}")
+    return None
+
+
+def _int_opt(path: Path) -> int | None:
+    text = _read_opt(path)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{path} holds {text[:40]!r}, not a number") from None
 
 
 def _size(text: str) -> int:
@@ -44,8 +90,101 @@ def resolve_root(root: str | os.PathLike) -> Path:
     raise UsageError(f"{root} is not a sysfs copy", "expected a directory holding cpu/ and node/ (a copy of /sys/devices/system)")
 
 
-def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_path: str = "/proc/meminfo") -> Topology:
+def _read_nodes(base: Path, cpus: tuple[int, ...], notes: list[dict]):
+    """(cpu -> node, raw nodes, distances or None, memory caches) as hwloc reads node/."""
+    node_dir = base / "node"
+    node_ids: list[int] = []
+    if node_dir.is_dir():
+        node_ids = sorted(int(m.group(1)) for d in node_dir.iterdir() if (m := re.fullmatch(r"node(\d+)", d.name)))
+    if not node_ids:
+        return None, [], None, []
+    online = set(cpus)
+    cpu_node: dict[int, int] = {}
+    raw_nodes: list[RawNode] = []
+    dropped: dict[int, tuple[int, ...]] = {}  # node -> the CPUs it listed, when left out
+    rows: dict[int, list[int]] = {}
+    caches: list[RawMemCache] = []
+    no_distance = False
+    for nid in node_ids:
+        nd = node_dir / f"node{nid}"
+        listed = _cpus(nd, "cpumap")
+        if listed is None:
+            raise UsageError(f"{nd} has neither cpulist nor cpumap", "is this a copy of /sys/devices/system?")
+        ncpus = tuple(c for c in listed if c in online)
+        dtext = _read_opt(nd / "distance")
+        if set(ncpus) & cpu_node.keys():
+            dropped[nid] = ncpus  # as hwloc: a node overlapping earlier ones is ignored
+        else:
+            for c in ncpus:
+                cpu_node[c] = nid
+            mem = 0
+            if m := re.search(r"MemTotal:\s+(\d+)\s*kB", _read_opt(nd / "meminfo") or ""):
+                mem = int(m.group(1)) * 1024
+            raw_nodes.append(RawNode(nid, mem, ncpus, None, None if ncpus else _memory_kind(base, nid)))
+            caches.extend(_memory_side_caches(nd, nid))
+        if dtext is None:
+            no_distance = True
+        else:
+            try:
+                row = [int(x) for x in dtext.split()]
+            except ValueError:
+                raise UsageError(f"{nd}/distance holds {dtext[:40]!r}, not numbers") from None
+            if len(row) != len(node_ids):
+                raise UsageError(f"{nd}/distance has {len(row)} entries for {len(node_ids)} nodes")
+            rows[nid] = row
+    if dropped:
+        _firmware_overlap(node_ids, dropped, cpu_node, raw_nodes, notes, base)
+    distances = None
+    if not no_distance:  # the matrix of the nodes kept (an invented node has no row)
+        pos = {nid: k for k, nid in enumerate(node_ids)}
+        kept = [n.id for n in raw_nodes]
+        if all(a in rows for a in kept):
+            distances = [[rows[a][pos[b]] for b in kept] for a in kept]
+    return cpu_node, raw_nodes, distances, caches
+
+
+def _firmware_overlap(node_ids, dropped, cpu_node, raw_nodes, notes, base) -> None:
+    """Nodes whose CPUs an earlier node already listed: left out as hwloc leaves them out; their
+    CPUs that no kept node holds go to an invented node with the first dropped node's id."""
+    orphans: dict[int, list[int]] = {}
+    for nid, listed in sorted(dropped.items()):
+        for c in listed:
+            if c not in cpu_node:
+                orphans.setdefault(nid, []).append(c)
+                cpu_node[c] = nid
+    overlap = sorted({c for listed in dropped.values() for c in listed})
+    holders = sorted({n for n in node_ids if n in dropped} | {cpu_node[c] for c in overlap if cpu_node[c] not in dropped})
+    text = (f"the firmware lists CPUs {cpulist.format(overlap)} in several NUMA nodes ({cpulist.format(holders)}), "
+            f"a known BIOS/ACPI SRAT bug; as hwloc, node(s) {cpulist.format(sorted(dropped))} are left out "
+            "(their memory is not shown)")
+    if orphans:
+        text += (f"; CPUs {cpulist.format(sorted(c for v in orphans.values() for c in v))} are then in no node "
+                 f"(hwloc shows them without one): tilewise puts them in invented node(s) "
+                 f"{cpulist.format(sorted(orphans))} with unknown memory")
+        for nid, cs in orphans.items():
+            raw_nodes.append(RawNode(nid, 0, tuple(sorted(cs)), None, None, invented=True))
+        raw_nodes.sort(key=lambda n: n.id)
+    notes.append(note("warning", text + "; check the BIOS NUMA settings or update it"))
+
+
+def _memory_side_caches(nd: Path, nid: int) -> list[RawMemCache]:
+    out = []
+    msc = nd / "memory_side_cache"
+    if msc.is_dir():
+        for idx in sorted(msc.glob("index*")):
+            size = _int_opt(idx / "size")
+            m = re.fullmatch(r"index(\d+)", idx.name)
+            # hwloc needs size, line_size and indexing to believe in a memory-side cache
+            if size and m and _read_opt(idx / "line_size") is not None and _read_opt(idx / "indexing") is not None:
+                out.append(RawMemCache((nid,), size, int(m.group(1))))
+    return out
+
+
+def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_path: str | None = None) -> Topology:
     base = resolve_root(root)
+    if meminfo_path is None:  # a saved tree's own /proc/meminfo (hwloc-gather-topology keeps it)
+        saved = base.parents[2] / "proc" / "meminfo" if base.name == "system" and len(base.parents) > 2 else None
+        meminfo_path = str(saved) if saved is not None and saved.is_file() else "/proc/meminfo"
     cpu_dir = base / "cpu"
     online_text = _read_opt(cpu_dir / "online")
     if online_text:
@@ -54,72 +193,82 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
         cpus = tuple(sorted(int(m.group(1)) for d in cpu_dir.iterdir() if (m := re.fullmatch(r"cpu(\d+)", d.name))))
     if not cpus:
         raise UsageError(f"no CPUs found under {cpu_dir}")
+    notes: list[dict] = []
 
     # NUMA nodes (a kernel without NUMA has no node/ directory: one node holds everything).
-    node_dir = base / "node"
-    node_ids: list[int] = []
-    if node_dir.is_dir():
-        node_ids = sorted(int(m.group(1)) for d in node_dir.iterdir() if (m := re.fullmatch(r"node(\d+)", d.name)))
-    cpu_node: dict[int, int] = {}
-    raw_nodes: list[RawNode] = []
-    distances: list[list[int]] | None = []
-    if node_ids:
-        for nid in node_ids:
-            nd = node_dir / f"node{nid}"
-            ncpus = cpulist.parse(_read(nd / "cpulist"), what=f"{nd}/cpulist", allow_empty=True)
-            for c in ncpus:
-                cpu_node[c] = nid
-            mem = 0
-            meminfo = _read_opt(nd / "meminfo") or ""
-            if m := re.search(r"MemTotal:\s+(\d+)\s*kB", meminfo):
-                mem = int(m.group(1)) * 1024
-            kind = None
-            if not ncpus:
-                kind = _memory_kind(base, nid)
-            raw_nodes.append(RawNode(nid, mem, ncpus, None, kind))
-            dtext = _read_opt(nd / "distance")
-            if dtext is None:
-                distances = None
-            elif distances is not None:
-                row = [int(x) for x in dtext.split()]
-                if len(row) != len(node_ids):
-                    raise UsageError(f"{nd}/distance has {len(row)} entries for {len(node_ids)} nodes")
-                distances.append(row)
-    else:
+    cpu_node, raw_nodes, distances, caches = _read_nodes(base, cpus, notes)
+    if cpu_node is None:
         mem = 0
         text = _read_opt(Path(meminfo_path)) or ""
         if m := re.search(r"MemTotal:\s+(\d+)\s*kB", text):
             mem = int(m.group(1)) * 1024
-        raw_nodes.append(RawNode(0, mem))
+        raw_nodes = [RawNode(0, mem)]
         cpu_node = {c: 0 for c in cpus}
-        distances = [[10]]
+        distances = None
 
+    online = set(cpus)
     pus: list[RawPU] = []
     l3_sizes: dict = {}
+    core_ids: dict[int, int | None] = {}
+    split_cores: list[int] = []
     for c in cpus:
         topo = cpu_dir / f"cpu{c}" / "topology"
         if not topo.is_dir():
             raise UsageError(f"{topo} is missing", "is this a copy of /sys/devices/system?")
-        pkg = int(_read(topo / "physical_package_id"))
-        pkg = max(pkg, 0)  # some virtual machines report -1
-        core_id = int(_read(topo / "core_id"))
-        siblings_text = _read_opt(topo / "thread_siblings_list") or _read_opt(topo / "core_cpus_list")
-        siblings = cpulist.parse(siblings_text, what=f"{topo}/thread_siblings_list") if siblings_text else (c,)
-        # The core's identity is its sibling set: core_id repeats across dies and packages.
-        core_key = ("core", min(siblings))
+        pkg_os = _int_opt(topo / "physical_package_id")
+        pkg_set = _cpus(topo, "package_cpus") or _cpus(topo, "core_siblings")
+        if pkg_set is not None:
+            # as hwloc: a package is a package_cpus group; its OS index is physical_package_id
+            # unless that is missing or -1 (s390, some VMs)
+            pkg = pkg_os if pkg_os is not None and pkg_os >= 0 else ("mask", min((x for x in pkg_set if x in online), default=c))
+        else:
+            pkg = pkg_os if pkg_os is not None and pkg_os >= 0 else None
+        core_id = core_ids[c] if c in core_ids else _int_opt(topo / "core_id")
+        siblings = _cpus(topo, "core_cpus") or _cpus(topo, "thread_siblings")
+        if siblings is not None:
+            siblings = tuple(x for x in siblings if x in online) or (c,)
+            # The core's identity is its sibling set: core_id repeats across dies and packages.
+            # Siblings with distinct core ids are separate cores (AMD compute units), as hwloc.
+            for x in siblings:
+                if x not in core_ids:
+                    core_ids[x] = _int_opt(cpu_dir / f"cpu{x}" / "topology" / "core_id")
+            if len(siblings) > 1 and len({core_ids[x] for x in siblings}) > 1:
+                split_cores.append(c)
+                core_key = ("core", c)
+            else:
+                core_key = ("core", min(siblings))
+        else:
+            core_key = None  # no core facts: one invented core per PU
         l3_key = None
         cache_dir = cpu_dir / f"cpu{c}" / "cache"
         if cache_dir.is_dir():
             for idx in sorted(cache_dir.glob("index*")):
                 if _read_opt(idx / "level") == "3" and (_read_opt(idx / "type") or "Unified") in ("Unified", "Data"):
-                    shared = cpulist.parse(_read(idx / "shared_cpu_list"), what=f"{idx}/shared_cpu_list")
+                    shared = _cpus(idx, "shared_cpu_map")
+                    if shared is None:
+                        raise UsageError(f"{idx} has neither shared_cpu_list nor shared_cpu_map")
+                    # as hwloc: an empty map means the core's own threads
+                    shared = tuple(x for x in shared if x in online) or siblings or (c,)
                     l3_key = ("l3", shared)
                     l3_sizes[l3_key] = _size(_read_opt(idx / "size") or "0")
                     break
         if c not in cpu_node:
-            raise UsageError(f"cpu{c} is online but in no NUMA node's cpulist under {node_dir}")
-        pus.append(RawPU(c, pkg, core_key, core_id, cpu_node[c], l3_key))
-    return build(pus, raw_nodes, distances=distances, l3_sizes=l3_sizes, source=f"sysfs:{root}", allowed_cpus=allowed_cpus)
+            raise UsageError(f"cpu{c} is online but in no NUMA node's cpulist under {base / 'node'}")
+        pus.append(RawPU(c, pkg, core_key, core_id if core_id is not None else c, cpu_node[c], l3_key))
+    if split_cores:
+        notes.append(note("note", f"CPUs {cpulist.format(split_cores)} are thread siblings with distinct core ids "
+                                  "(AMD compute units): each is a core of its own, as hwloc counts them on AMD "
+                                  "families 15h/16h"))
+    if any(p.package is None for p in pus):
+        notes.append(note("note", "no physical_package_id nor package_cpus/core_siblings: one package is invented "
+                                  "(hwloc shows none)"))
+    if any(p.core_key is None for p in pus):
+        notes.append(note("note", "no thread_siblings/core_cpus: one core per CPU is invented (hwloc shows no cores)"))
+    if any(isinstance(p.package, tuple) for p in pus):
+        notes.append(note("note", "physical_package_id is missing or -1: packages are the package_cpus/core_siblings "
+                                  "groups, OS index unknown, as hwloc reads them"))
+    return build(pus, raw_nodes, distances=distances, l3_sizes=l3_sizes, source=f"sysfs:{root}",
+                 allowed_cpus=allowed_cpus, memory_caches=caches, notes=notes)
 
 
 def _memory_kind(base: Path, nid: int) -> str:
@@ -141,3 +290,4 @@ def load_live() -> Topology:
     """This machine, planning only on the CPUs this process may use."""
     allowed = sorted(os.sched_getaffinity(0))
     return load(DEFAULT_ROOT, allowed_cpus=allowed)
+

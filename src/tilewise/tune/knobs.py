@@ -81,7 +81,7 @@ class Config:
         return c
 
     def binding(self, cpus: tuple[int, ...] | None = None):
-        from tilewise.launch import Binding
+        from tilewise.binding import Binding
 
         return Binding(cpus, self.mem, self.mem_nodes, self.allocator)
 

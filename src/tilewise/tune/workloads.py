@@ -12,7 +12,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from tilewise import allocators, changes, launch, native
+from tilewise import allocators, changes, launch, native, procs, verification
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.tune.knobs import Config, thread_order
 
@@ -130,14 +130,14 @@ def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str
         proc = launch.spawn(cmd, b, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=errf,
                             stdin=subprocess.DEVNULL, token=token)
         try:
-            v = launch.verify(proc.pid, b, allocator_wait_s=0.2)
+            v = verification.verify(proc.pid, b, allocator_wait_s=0.2)
             try:
                 out, _ = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
                 raise TilewiseError(f"{what} ran longer than {timeout:g} s and was stopped", hint) from None
             wall = time.perf_counter() - t0
         finally:
-            if launch.stop(proc).ok:
+            if procs.stop(proc).ok:
                 journal.commit()
         if proc.returncode != 0:
             errf.seek(0)

@@ -6,7 +6,7 @@ Black Friday and the gold parts, and without -k the "normal" ones, which avoid t
 draws the same values from a numpy generator seeded by (seed, stream, query), so every stream gets
 its own parameters and every policy of a run gets the same ones.
 
-The SQL is the TPC-H text of tilewise/queries/qNN.sql with its validation-parameter literals
+The SQL is the TPC-H text of tilewise/benchmarks/tpch/sql/qNN.sql with its validation-parameter literals
 replaced, so the texts are TPC-H's wherever JCC-H does not change them. JCC-H's template changes
 are applied too: Q7/Q8 take their date range as parameters, Q10's upper bound is a parameter, and
 Q18's subquery gains `where l_quantity <= :2`. Dates are literals (no interval arithmetic), so the
@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tilewise.bench import queries as Q
-from tilewise.data.jcch_rules import GOLD, GOLD_NAME, REGIONS, SKEW_NATIONS
+from tilewise.benchmarks.jcch.rules import GOLD, GOLD_NAME, REGIONS, SKEW_NATIONS
+from tilewise.benchmarks.spec import Catalog, ParamSets, QuerySet
+from tilewise.benchmarks.tpch import queries as Q
 from tilewise.errors import UsageError
 
 MODES = ("normal", "skewed")
@@ -375,3 +376,41 @@ def cache_key(b: Binding) -> str:
     import hashlib
 
     return f"jcch-q{b.n:02d}-{hashlib.sha256(b.sql.encode()).hexdigest()[:16]}"
+
+
+class DrawnQuerySet(QuerySet):
+    """The SQL every stream runs: qgen's "skewed" or "normal" parameters drawn per (seed, stream,
+    query), so every stream has its own and every policy of a run the same."""
+
+    per_stream = True
+
+    def __init__(self, catalog: Catalog, params: str, seed: int, sf: float) -> None:
+        super().__init__(catalog)
+        self.params, self.seed, self.sf = check_mode(params), int(seed), float(sf)
+        self._bound: dict[tuple[int, int], Binding] = {}
+
+    def binding(self, n: int, stream: int) -> Binding:
+        """The drawn parameters of query n in stream `stream`."""
+        if (n, stream) not in self._bound:
+            self._bound[(n, stream)] = binding(n, self.params, seed=self.seed, stream=stream, sf=self.sf)
+        return self._bound[(n, stream)]
+
+    def sql(self, n: int, stream: int) -> str:
+        return self.binding(n, stream).sql
+
+    def key(self, n: int, stream: int) -> str:
+        return cache_key(self.binding(n, stream))
+
+    def describe(self, streams, numbers) -> dict:
+        """The parameters of every query of every stream, and notes (qgen's log, as results.json records it)."""
+        per_stream, notes = {}, []
+        for s in streams:
+            per_stream[str(s)] = {}
+            for n in numbers:
+                b = self.binding(n, s)
+                per_stream[str(s)][f"q{n}"] = b.params
+                notes += [f"stream {s} q{n}: {x}" for x in b.notes]
+        return {"benchmark": "jcch", "params": self.params, "seed": self.seed, "streams": per_stream, "notes": notes}
+
+
+PARAMS = ParamSets(MODES, "skewed", "skewed (default; they hit the skew) or normal (they avoid it)", DrawnQuerySet)

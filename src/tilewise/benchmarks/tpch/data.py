@@ -2,7 +2,8 @@
 
 Layout: <data_dir>/sf<X>/{region,nation,supplier,customer,part,partsupp,orders,lineitem}.parquet
 plus manifest.json (generator version, row counts and file sizes). The cache machinery (lock,
-temporary directory renamed into place, validity check) is tilewise.data.store.
+temporary directory renamed into place, validity check) is tilewise.data.store. DATA is this
+module as the benchmark contract's Data (tilewise.benchmarks.spec).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tilewise.benchmarks.spec import Data
 from tilewise.data import TABLES, Dataset, store, table_paths  # noqa: F401 - table_paths is part of this module's API
 from tilewise.errors import TilewiseError, UsageError
+
+TITLE = "TPC-H"
 
 MANIFEST = store.MANIFEST
 MANIFEST_FORMAT = "tilewise-tpch-data/1"
@@ -90,4 +94,22 @@ def ensure_data(sf: float, data_dir: str | Path | None = None, *, log=None, prog
 
 def dataset(sf: float, data_dir: str | Path | None = None, *, log=None, progress=None) -> Dataset:
     """The TPC-H data set at scale factor sf, generated first if needed."""
-    return Dataset("tpch", check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress))
+    return Dataset("tpch", check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress), title=TITLE)
+
+
+class _Data(Data):
+    def check_sf(self, sf) -> float:
+        return check_sf(sf)
+
+    def set_dir(self, sf: float, seed: int | None = None, data_dir: str | Path | None = None) -> Path:
+        return sf_dir(sf, data_dir)
+
+    def is_valid(self, d: Path) -> bool:
+        return is_valid(d)
+
+    def dataset(self, sf: float, data_dir: str | Path | None = None, *, seed: int | None = None, log=None,
+                progress=None) -> Dataset:
+        return dataset(sf, data_dir, log=log, progress=progress)
+
+
+DATA = _Data()

@@ -2,7 +2,7 @@
 (/work/shared/jcch.md section 5), computed with DuckDB over the Parquet tables.
 
 Invariants must hold exactly; expected values at other scale factors come from the rules
-(tilewise.data.jcch_rules.Sizes), e.g. lineitem = 5 * 300000*SF + 3 * (orders - 5) + 15.
+(tilewise.benchmarks.jcch.rules.Sizes), e.g. lineitem = 5 * 300000*SF + 3 * (orders - 5) + 15.
 Targets are the reference generator's SF 1 measurements; shares are SF-independent, counts scale
 with SF. A share passes within 1 % relative of its reference, or within 4 binomial standard
 deviations of the sample it was measured on when that is wider (small SF, per-year subsets).
@@ -11,28 +11,15 @@ deviations of the sample it was measured on when that is wider (small SF, per-ye
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tilewise.data import jcch_rules as J
+from tilewise.benchmarks.jcch import rules as J
+from tilewise.benchmarks.spec import DataCheck
 from tilewise.data import table_paths
 
 REL_TOL = 0.01
 SIGMAS = 4.0
 SIXTH_PAIR_MAX = 65  # the 6th (part, supp) pair: ~55 lines at SF 1, grows slowly with SF (max of Poisson(35))
-
-
-@dataclass
-class Result:
-    id: str
-    kind: str  # "invariant" | "target"
-    what: str
-    value: object
-    expected: str
-    ok: bool
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def share_ok(value: float, ref: float, n: int) -> tuple[bool, str]:
@@ -49,7 +36,7 @@ class _Checks:
             self.con.execute(f"create view {t} as select * from read_parquet('{p}')")
         self.s = J.Sizes.for_sf(sf)
         self.hs = J.Hashes.of(self.s)
-        self.out: list[Result] = []
+        self.out: list[DataCheck] = []
 
     def q(self, sql: str):
         return self.con.execute(sql).fetchall()
@@ -59,18 +46,18 @@ class _Checks:
 
     def inv(self, id_: str, what: str, value, expected, ok: bool | None = None) -> None:
         ok = (value == expected) if ok is None else ok
-        self.out.append(Result(id_, "invariant", what, value, str(expected), bool(ok)))
+        self.out.append(DataCheck(id_, "invariant", what, value, str(expected), bool(ok)))
 
     def share(self, id_: str, what: str, num: float, den: int, ref: float) -> None:
         v = num / den if den else float("nan")
         ok, exp = share_ok(v, ref, den)
-        self.out.append(Result(id_, "target", what, round(v, 5), exp, ok))
+        self.out.append(DataCheck(id_, "target", what, round(v, 5), exp, ok))
 
     def target(self, id_: str, what: str, value, expected: str, ok: bool) -> None:
-        self.out.append(Result(id_, "target", what, value, expected, bool(ok)))
+        self.out.append(DataCheck(id_, "target", what, value, expected, bool(ok)))
 
 
-def run(d: str | Path, sf: float) -> list[Result]:
+def run(d: str | Path, sf: float) -> list[DataCheck]:
     """Every check of section 5 on the JCC-H set in d (scale factor sf)."""
     c = _Checks(Path(d), sf)
     s, hs = c.s, c.hs
@@ -266,5 +253,5 @@ def run(d: str | Path, sf: float) -> list[Result]:
     return c.out
 
 
-def failed(results: list[Result]) -> list[Result]:
+def failed(results: list[DataCheck]) -> list[DataCheck]:
     return [r for r in results if not r.ok]

@@ -1,4 +1,5 @@
-"""The 22 TPC-H queries (src/tilewise/queries/qNN.sql) with the specification's validation parameters.
+"""The 22 TPC-H queries (sql/qNN.sql beside this module) with the specification's validation
+parameters, and the order each query stream runs them in.
 
 Portable SQL accepted by DuckDB, DataFusion and Spark SQL: date literals precomputed (no interval
 arithmetic), Q15's view written as a CTE, substring(x, 1, 2). Queries with LIMIT have a key added as
@@ -7,13 +8,13 @@ the last ORDER BY column so ties cannot make engines disagree on which rows are 
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from pathlib import Path
 
+from tilewise.benchmarks.spec import Catalog
 from tilewise.errors import UsageError
 
-QUERY_DIR = Path(__file__).resolve().parent.parent / "queries"
+QUERY_DIR = Path(__file__).resolve().parent / "sql"
 NUMBERS = tuple(range(1, 23))
 
 
@@ -27,45 +28,6 @@ def load(n: int) -> str:
 
 def all() -> dict[int, str]:  # noqa: A001 - the name the brief asks for
     return {n: load(n) for n in NUMBERS}
-
-
-def has_order_by(sql: str) -> bool:
-    """True when the outermost query has ORDER BY (row order is then part of the answer)."""
-    body = re.sub(r"--[^\n]*", "", sql)
-    depth, top = 0, []
-    for ch in body:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif depth == 0:
-            top.append(ch)
-    return re.search(r"\border\s+by\b", "".join(top), re.I) is not None
-
-
-def parse_selection(text: str | None) -> list[int]:
-    """"1,6,10-12" -> [1, 6, 10, 11, 12]; None/"all" -> all 22; an empty list is an error."""
-    if text is None or text.strip().lower() == "all":
-        return list(NUMBERS)
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip().lower().lstrip("q")
-        try:
-            if "-" in part:
-                a, b = part.split("-", 1)
-                rng = range(int(a), int(b.lstrip("q")) + 1)
-            else:
-                rng = range(int(part), int(part) + 1)
-        except ValueError:
-            raise UsageError(f"bad query list {text!r}", "use e.g. --queries 1,6,10-12") from None
-        for n in rng:
-            if n not in NUMBERS:
-                raise UsageError(f"no TPC-H query {n}", "queries are numbered 1..22")
-            if n not in out:
-                out.append(n)
-    if not out:
-        raise UsageError(f"bad query list {text!r}", "use e.g. --queries 1,6,10-12")
-    return out
 
 
 # TPC-H Appendix A: the order of the 22 queries in each query stream. Row 0 is the power test's
@@ -115,66 +77,20 @@ STREAM_ORDER = (
 )
 
 
+def _order(stream: int) -> tuple[int, ...]:
+    """Stream `stream`'s row of Appendix A (0: the power test; 1..S: the throughput test's
+    streams; rows wrap around after 40)."""
+    return STREAM_ORDER[stream] if stream < len(STREAM_ORDER) else STREAM_ORDER[1 + (stream - 1) % (len(STREAM_ORDER) - 1)]
+
+
+CATALOG = Catalog("TPC-H", NUMBERS, load, _order)
+
+
 def stream_order(stream: int, selected=NUMBERS) -> list[int]:
-    """The queries of `selected` in the order stream `stream` runs them (0: the power test;
-    1..S: the throughput test's streams; rows wrap around after 40)."""
-    row = STREAM_ORDER[stream] if stream < len(STREAM_ORDER) else STREAM_ORDER[1 + (stream - 1) % (len(STREAM_ORDER) - 1)]
-    chosen = set(selected)
-    return [n for n in row if n in chosen]
+    """The queries of `selected` in the order stream `stream` runs them."""
+    return CATALOG.stream_order(stream, selected)
 
 
-BENCHMARKS = ("tpch", "jcch")
-
-
-class QuerySet:
-    """The SQL every stream runs. TPC-H: the specification's validation parameters (qNN.sql) in
-    every stream. JCC-H: qgen's "skewed" or "normal" parameters drawn per (seed, stream, query)
-    (tilewise.bench.jcch_queries), so every stream has its own and every policy the same."""
-
-    def __init__(self, benchmark: str = "tpch", params: str | None = None, *, seed: int = 0, sf: float = 1.0) -> None:
-        if benchmark not in BENCHMARKS:
-            raise UsageError(f"unknown benchmark {benchmark!r}", "use --benchmark tpch or --benchmark jcch")
-        if benchmark == "tpch" and params is not None:
-            raise UsageError("--params applies to --benchmark jcch only", "drop --params for TPC-H")
-        if benchmark == "jcch":
-            from tilewise.bench import jcch_queries
-
-            params = jcch_queries.check_mode(params or "skewed")
-        self.benchmark, self.params, self.seed, self.sf = benchmark, params, int(seed), float(sf)
-        self._bound: dict[tuple[int, int], object] = {}
-
-    def binding(self, n: int, stream: int):
-        """JCC-H: the drawn parameters of query n in stream `stream` (None for TPC-H)."""
-        if self.benchmark != "jcch":
-            return None
-        if (n, stream) not in self._bound:
-            from tilewise.bench import jcch_queries
-
-            self._bound[(n, stream)] = jcch_queries.binding(n, self.params, seed=self.seed, stream=stream, sf=self.sf)
-        return self._bound[(n, stream)]
-
-    def sql(self, n: int, stream: int) -> str:
-        b = self.binding(n, stream)
-        return load(n) if b is None else b.sql
-
-    def key(self, n: int, stream: int) -> str:
-        """The reference-answer cache name: equal SQL, equal key (JCC-H: a hash of the SQL)."""
-        b = self.binding(n, stream)
-        if b is None:
-            return f"q{n:02d}"
-        from tilewise.bench import jcch_queries
-
-        return jcch_queries.cache_key(b)
-
-    def describe(self, streams, numbers) -> dict | None:
-        """What results.json records: the parameters of every query of every stream, and notes."""
-        if self.benchmark != "jcch":
-            return None
-        per_stream, notes = {}, []
-        for s in streams:
-            per_stream[str(s)] = {}
-            for n in numbers:
-                b = self.binding(n, s)
-                per_stream[str(s)][f"q{n}"] = b.params
-                notes += [f"stream {s} q{n}: {x}" for x in b.notes]
-        return {"benchmark": "jcch", "params": self.params, "seed": self.seed, "streams": per_stream, "notes": notes}
+def parse_selection(text: str | None) -> list[int]:
+    """"1,6,10-12" -> [1, 6, 10, 11, 12]; None/"all" -> all 22; an empty list is an error."""
+    return CATALOG.parse(text)

@@ -1,6 +1,6 @@
 """JCC-H data: TPC-H with join-crossing correlations and skew, generated on top of tpchgen-cli output.
 
-tpchgen-cli writes the TPC-H tables (lineitem excepted); the JCC-H rules (tilewise.data.jcch_rules)
+tpchgen-cli writes the TPC-H tables (lineitem excepted); the JCC-H rules (tilewise.benchmarks.jcch.rules)
 then rewrite customer, supplier and part column-wise and regenerate partsupp, orders and lineitem:
 - partsupp: keys and row structure from the rules; availqty/supplycost/comment reused row by row
   from TPC-H's partsupp (same row count).
@@ -19,6 +19,8 @@ next block while the current one is written.
 Layout: <data_dir>/jcch-sf<X>-seed<S>/ (default data_dir ~/.cache/tilewise/jcch), built and
 cached by tilewise.data.store like the TPC-H set. A cached TPC-H set of the same SF (in the TPC-H
 cache) is used as the source when there is one; otherwise tpchgen-cli runs for the 7 tables.
+DATA is this module as the benchmark contract's Data (tilewise.benchmarks.spec), with the checks
+of tilewise.benchmarks.jcch.check.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tilewise.benchmarks.jcch import check as jcch_check
+from tilewise.benchmarks.jcch import rules as J
+from tilewise.benchmarks.spec import Data, DataCheck, check_seed
+from tilewise.benchmarks.tpch import data as tpch
 from tilewise.data import Dataset, store
-from tilewise.data import jcch_rules as J
-from tilewise.data import tpch
 from tilewise.errors import UsageError
+
+TITLE = "JCC-H"
 
 MANIFEST_FORMAT = "tilewise-jcch-data/1"
 GENERATOR = "tilewise-jcch/1"  # bump when the rules or the random streams change
@@ -55,16 +61,6 @@ _TAG_LINES, _TAG_MEGA, _TAG_PARTSUPP = 1, 2, 3
 
 def default_root() -> Path:
     return store.cache_root("jcch")
-
-
-def check_seed(seed) -> int:
-    try:
-        v = int(seed)
-    except (TypeError, ValueError):
-        raise UsageError(f"seed {seed!r} is not an integer", "use e.g. --seed 0") from None
-    if v < 0 or v >= 2**63:
-        raise UsageError(f"seed must be between 0 and 2^63-1, got {seed}", "use e.g. --seed 0")
-    return v
 
 
 def check_sf(sf) -> float:
@@ -112,7 +108,33 @@ def dataset(sf: float, data_dir: str | Path | None = None, *, seed: int = DEFAUL
             progress=None) -> Dataset:
     """The JCC-H data set at scale factor sf for seed, generated first if needed."""
     sf, seed = check_sf(sf), check_seed(seed)
-    return Dataset("jcch", sf, ensure_data(sf, data_dir, seed=seed, log=log, progress=progress), seed)
+    return Dataset("jcch", sf, ensure_data(sf, data_dir, seed=seed, log=log, progress=progress), seed, title=TITLE)
+
+
+class _Data(Data):
+    seeded = True
+    default_seed = DEFAULT_SEED
+    sf_rule = ">= 0.01"
+    check_kinds = (("invariant", "hard invariants"), ("target", "statistical targets (SF 1 reference)"))
+
+    def check_sf(self, sf) -> float:
+        return check_sf(sf)
+
+    def set_dir(self, sf: float, seed: int | None = None, data_dir: str | Path | None = None) -> Path:
+        return set_dir(sf, DEFAULT_SEED if seed is None else seed, data_dir)
+
+    def is_valid(self, d: Path) -> bool:
+        return is_valid(d)
+
+    def dataset(self, sf: float, data_dir: str | Path | None = None, *, seed: int | None = None, log=None,
+                progress=None) -> Dataset:
+        return dataset(sf, data_dir, seed=DEFAULT_SEED if seed is None else seed, log=log, progress=progress)
+
+    def check(self, d: Path, sf: float) -> list[DataCheck]:
+        return jcch_check.run(d, sf)
+
+
+DATA = _Data()
 
 
 # ---- the generator -----------------------------------------------------------------------------
