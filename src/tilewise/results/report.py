@@ -94,15 +94,24 @@ def tpch_summary(doc: dict) -> dict:
             "sum_of_query_medians_s": sum(r["median_s"] for r in p.get("queries", {}).values() if r.get("median_s")) or None,
             "geomean_speedup_vs_baseline": stats.geomean(speedups),
             "throughput_speedup_vs_baseline": (base_total / total["median"]) if base_total and total["median"] else None,
-            "valid": all(r.get("valid") for r in p.get("queries", {}).values()) if p.get("queries") else None,
+            "valid": _all_valid([r.get("valid") for r in p.get("queries", {}).values()]),
+            "not_comparable": sum(1 for r in p.get("queries", {}).values() if r.get("not_comparable")),
             "complete": p.get("complete", False),
         }
-        for key in ("power_at_size", "throughput_at_size", "qphh_at_size"):
+        for key, _ in model.metric_names(doc):
             vals = [r.get(key) for r in p.get("tpch_runs", []) if r.get(key) is not None]
             if vals:
                 s[key] = stats.summarize(vals)
         summary[name] = s
     return summary
+
+
+def _all_valid(verdicts: list) -> bool | None:
+    """False when an answer was wrong (or a query failed), True when every one was valid, else None
+    (not validated, or without a reference answer)."""
+    if not verdicts or any(v is False for v in verdicts):
+        return False if verdicts else None
+    return True if all(v is True for v in verdicts) else None
 
 
 def _median(xs) -> float | None:
@@ -116,11 +125,22 @@ def benchmark_of(doc: dict) -> str:
 
 
 def _bench(doc: dict) -> str:
-    """The benchmark's name for titles: TPC-H, or JCC-H with its parameter set."""
+    """The benchmark's name for titles, as the harness recorded it (TPC-DS); else TPC-H, or JCC-H
+    with its parameter set."""
+    if doc.get("params", {}).get("benchmark_title"):
+        return doc["params"]["benchmark_title"]
     if benchmark_of(doc) == "jcch":
         mode = doc.get("params", {}).get("query_params")
         return f"JCC-H ({mode})" if mode else "JCC-H"
     return "TPC-H"
+
+
+def query_order(q: str):
+    """Sort key of a query name: "q2" < "q10" < "q14a" < "q14b" < "q15"."""
+    import re
+
+    m = re.fullmatch(r"q?(\d+)(.*)", q)
+    return (int(m.group(1)), m.group(2)) if m else (10**9, q)
 
 
 def _tpch_title(doc: dict) -> str:
@@ -151,13 +171,17 @@ def render_tpch(doc: dict, out) -> None:
     qs: list[str] = []
     for n in measured:
         for q in pols[n].get("queries", {}):
-            if q not in qs and pols[n]["queries"][q].get("times_s"):
+            r = pols[n]["queries"][q]
+            if q not in qs and (r.get("times_s") or r.get("failed")):
                 qs.append(q)
-    qs.sort(key=lambda q: int(q[1:]) if q[1:].isdigit() else 0)
+    qs.sort(key=query_order)
     for q in qs:
         cells = []
         for n in measured:
             rec = pols[n].get("queries", {}).get(q)
+            if rec and rec.get("failed"):
+                cells.append("FAILED")  # the engine could not run it (its error is in results.json)
+                continue
             if not rec or not rec.get("times_s"):
                 cells.append("-")
                 continue
@@ -167,6 +191,8 @@ def render_tpch(doc: dict, out) -> None:
                 c += f" ±{half:.3f}"
             if rec.get("valid") is False:
                 c += " WRONG"
+            elif rec.get("not_comparable"):
+                c += " n/c"
             elif _unstable(rec):
                 c += " ~"
             if rec.get("outliers"):
@@ -195,21 +221,23 @@ def render_tpch(doc: dict, out) -> None:
                    f"{fmt(s.get('total_min_s'))}-{fmt(s.get('total_max_s'))}",
                    f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
                    fmt(s.get("geomean_speedup_vs_baseline"), ".2f"), fmt(s.get("throughput_speedup_vs_baseline"), ".2f"),
-                   "valid" if valid else ("WRONG" if valid is False else "-"))
+                   _verdict(valid, s.get("not_comparable")))
     out.print(st)
-    if any(summ.get(n, {}).get("qphh_at_size") or summ.get(n, {}).get("power_at_size")
-           or summ.get(n, {}).get("throughput_at_size") for n in measured):
+    names = model.metric_names(doc)
+    if any(summ.get(n, {}).get(key) for n in measured for key, _ in names):
         refresh = doc.get("refresh") or {}
         how = "with refresh functions RF1/RF2" if refresh.get("applied") else "without refresh functions"
-        prefix = "" if benchmark_of(doc) == "tpch" else f"{_bench(doc)}: "
-        mt = _table(f"{prefix}TPC-H metrics at SF {p.get('sf')} ({how}; median over runs, 95 % CI)")
-        for col in ("policy", "Power@Size", "Throughput@Size", "QphH@Size", "streams"):
+        tpch_figures = names == model.TPCH_METRICS
+        prefix = "" if benchmark_of(doc) == "tpch" or not tpch_figures else f"{_bench(doc)}: "
+        which = "TPC-H" if tpch_figures else _bench(doc)
+        mt = _table(f"{prefix}{which} metrics at SF {p.get('sf')} ({how}; median over runs, 95 % CI)")
+        for col in ("policy", *(title for _, title in names), "streams"):
             mt.add_column(col, justify="left" if col == "policy" else "right")
         # the throughput test's streams; a run without it has none to show
         streams = str(p.get("streams")) if "throughput" in (p.get("tests") or ["throughput"]) else "-"
         for n, rec in pols.items():
             if rec.get("same_as"):
-                mt.add_row(n, f"= {rec['same_as']}", f"= {rec['same_as']}", f"= {rec['same_as']}", "")
+                mt.add_row(n, *(f"= {rec['same_as']}" for _ in names), "")
                 continue
             s = summ.get(n, {})
 
@@ -219,15 +247,27 @@ def render_tpch(doc: dict, out) -> None:
                     return "-"
                 ci = v.get("ci95")
                 return f"{v['median']:.1f}" + (f" ({ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
-            mt.add_row(n, cell("power_at_size"), cell("throughput_at_size"), cell("qphh_at_size"), streams)
+            mt.add_row(n, *(cell(key) for key, _ in names), streams)
         out.print(mt)
     marks = []
+    if any(r.get("not_comparable") for n in measured for r in pols[n].get("queries", {}).values()):
+        marks.append("n/c = not comparable: the reference engine has no answer for it (see results.json)")
+    if any(r.get("failed") for n in measured for r in pols[n].get("queries", {}).values()):
+        marks.append("FAILED = the engine could not run it (its error is in results.json)")
     if any(_unstable(r) for n in measured for r in pols[n].get("queries", {}).values()):
         marks.append(f"~ = varies by more than {SPREAD_WARN:.0%} between runs (use more --runs and a quiet machine)")
     if any(r.get("outliers") for n in measured for r in pols[n].get("queries", {}).values()):
         marks.append("! = a run is an outlier (modified z-score > 3.5; see results.json)")
     _print_lines(out, "note: ", marks)
     _tpch_notes(doc, out)
+
+
+def _verdict(valid: bool | None, not_comparable: int | None) -> str:
+    if valid is False:
+        return "WRONG"
+    if not_comparable:
+        return f"valid, {not_comparable} not comparable" if valid is None else "valid"
+    return "valid" if valid else "-"
 
 
 def _tpch_notes(doc: dict, out) -> None:
@@ -256,14 +296,14 @@ def tpch_csv(doc: dict) -> dict[str, str]:
         files["results.csv"] = _csv(["policy", "query", "run", "time_s", "median_s", "rel_spread", "rows", "valid",
                                      "speedup_vs_baseline", "instances", "outlier"], rows)
     mrows = []
+    keys = [key for key, _ in model.metric_names(doc)]
     for name, p in pols.items():
         for r in p.get("tpch_runs", []):
-            mrows.append([name, r.get("run"), fmt(r.get("power_at_size"), ".3f", ""), fmt(r.get("throughput_at_size"), ".3f", ""),
-                          fmt(r.get("qphh_at_size"), ".3f", ""), fmt((r.get("throughput") or {}).get("interval_s"), ".6f", ""),
+            mrows.append([name, r.get("run"), *(fmt(r.get(k), ".3f", "") for k in keys),
+                          fmt((r.get("throughput") or {}).get("interval_s"), ".6f", ""),
                           (r.get("power") or {}).get("refresh", "")])
     if mrows:
-        files["tpch_metrics.csv"] = _csv(["policy", "run", "power_at_size", "throughput_at_size", "qphh_at_size",
-                                          "throughput_interval_s", "refresh"], mrows)
+        files["tpch_metrics.csv"] = _csv(["policy", "run", *keys, "throughput_interval_s", "refresh"], mrows)
     return files
 
 
@@ -299,13 +339,13 @@ def tpch_plots(doc: dict, out_dir: Path) -> list[Path]:
         paths.append(plots.bar_chart(out_dir / "geomean_speedup.png", ran,
                                      {"geomean per-query speedup": geo, "throughput (total time) speedup": thr},
                                      ylabel=f"speedup over {base_name}", title=f"{bench} geomean per policy ({tag})"))
-    qphh = {k: [(summ[n].get(k) or {}).get("median") for n in ran] for k in ("power_at_size", "throughput_at_size", "qphh_at_size")}
-    if any(v is not None for vals in qphh.values() for v in vals):
-        paths.append(plots.bar_chart(out_dir / "tpch_metrics.png", ran,
-                                     {"Power@Size": qphh["power_at_size"], "Throughput@Size": qphh["throughput_at_size"],
-                                      "QphH@Size": qphh["qphh_at_size"]},
-                                     ylabel="queries per hour x SF", title=f"{bench}: TPC-H metrics per policy ({tag})",
-                                     reference_line=None))
+    names = model.metric_names(doc)
+    figures = {title: [(summ[n].get(k) or {}).get("median") for n in ran] for k, title in names}
+    if any(v is not None for vals in figures.values() for v in vals):
+        which = "TPC-H" if names == model.TPCH_METRICS else bench
+        paths.append(plots.bar_chart(out_dir / "tpch_metrics.png", ran, figures,
+                                     ylabel="queries per hour" + (" x SF" if names == model.TPCH_METRICS else ""),
+                                     title=f"{bench}: {which} metrics per policy ({tag})", reference_line=None))
     return paths
 
 

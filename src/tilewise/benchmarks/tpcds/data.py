@@ -18,9 +18,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from tilewise.benchmarks.spec import Data, DataCheck
 from tilewise.data import Dataset, store
 from tilewise.errors import TilewiseError, UsageError
 
@@ -88,16 +88,11 @@ RETURNS_OF = {
 }
 
 
-class TpcdsDataset(Dataset):
-    """A Dataset of the 24 TPC-DS tables (engines read `tables`)."""
+TITLE = "TPC-DS"
 
-    @property
-    def tables(self) -> dict[str, Path]:
-        return {t: Path(self.dir) / f"{t}.parquet" for t in TABLES}
 
-    @property
-    def label(self) -> str:
-        return f"TPC-DS SF {self.sf:g}"
+def _dataset(sf: float, d: Path) -> Dataset:
+    return Dataset("tpcds", sf, Path(d), title=TITLE, table_names=TABLES)
 
 
 def default_root() -> Path:
@@ -160,19 +155,14 @@ def ensure_data(sf: float, data_dir: str | Path | None = None, *, log=None, prog
     return store.ensure(target, MANIFEST_FORMAT, build, what=f"TPC-DS SF {sf:g} (tpcgen-cli)", log=log, tables=TABLES)
 
 
-def dataset(sf: float, data_dir: str | Path | None = None, *, log=None, progress=None) -> TpcdsDataset:
+def dataset(sf: float, data_dir: str | Path | None = None, *, log=None, progress=None) -> Dataset:
     """The TPC-DS data set at scale factor sf, generated first if needed."""
-    return TpcdsDataset("tpcds", check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress))
+    return _dataset(check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress))
 
 
-def existing(sf: float, data_dir: str | Path | None = None) -> TpcdsDataset:
-    """The cached data set at sf, or a one-line error saying how to generate it."""
-    sf = check_sf(sf)
-    d = sf_dir(sf, data_dir)
-    if not store.is_valid(d, MANIFEST_FORMAT, TABLES):
-        raise UsageError(f"no complete TPC-DS SF {sf:g} data set in {d}",
-                         f"generate it: tilewise data generate --benchmark tpcds --sf {sf:g}")
-    return TpcdsDataset("tpcds", sf, d)
+def is_valid(d: Path) -> bool:
+    """True when d holds a complete set: manifest, every table, sizes and Parquet footers match."""
+    return store.is_valid(d, MANIFEST_FORMAT, TABLES)
 
 
 def _parquet_rows(d: Path) -> dict[str, int]:
@@ -211,29 +201,24 @@ def foreign_keys(schema: dict[str, list[str]]) -> list[tuple[str, tuple[str, ...
     return out
 
 
-@dataclass
-class CheckResult:
-    ok: bool
-    rows: dict[str, dict]  # table -> {"rows", "expected" (None: not fixed at this SF), "ok"}
-    keys: list[dict]  # {"check", "violations"}
-    notes: list[str]
-
-    def to_json(self) -> dict:
-        return {"ok": self.ok, "rows": self.rows, "keys": self.keys, "notes": self.notes}
+CHECK_KINDS = (("rows", "row counts (the specification's Table 3-2)"), ("keys", "key integrity"))
 
 
-def check(ds: Dataset, *, threads: int = 2) -> CheckResult:
-    """Row counts and key integrity of a TPC-DS data set (DuckDB over its Parquet files)."""
+def check(d: Path, sf: float, *, threads: int = 2) -> list[DataCheck]:
+    """Row counts and key integrity of the TPC-DS set in d (DuckDB over its Parquet files): every
+    table's rows against the specification where it fixes them at sf (else not empty), every
+    primary key unique and not null, every foreign key present in its parent."""
     import duckdb
 
+    ds = _dataset(sf, d)
     counts = _parquet_rows(ds.dir)
-    want = expected_rows(ds.sf)
-    rows = {t: {"rows": counts[t], "expected": want.get(t), "ok": want.get(t) in (None, counts[t]) and counts[t] > 0}
-            for t in TABLES}
-    notes = []
-    if not set(TABLES) <= set(want):
-        notes.append(f"the specification's row-count table has no SF {ds.sf:g}: only the {len(FIXED)} tables that "
-                     "do not scale are checked against it (the others must not be empty)")
+    want = expected_rows(sf)
+    out = []
+    for t in TABLES:
+        n = want.get(t)
+        out.append(DataCheck(f"rows.{t}", "rows", f"{t} rows", counts[t], str(n) if n is not None else
+                             f"> 0 (the specification fixes no count at SF {sf:g})",
+                             counts[t] == n if n is not None else counts[t] > 0))
     con = duckdb.connect()
     try:
         con.execute(f"SET threads = {int(threads)}")
@@ -243,19 +228,46 @@ def check(ds: Dataset, *, threads: int = 2) -> CheckResult:
         for t, p in ds.tables.items():
             con.execute(f"CREATE {kind} {t} AS SELECT * FROM read_parquet('{p}')")
         schema = {t: [r[0] for r in con.execute(f"DESCRIBE {t}").fetchall()] for t in TABLES}
-        keys = []
         for t, cols in PRIMARY_KEYS.items():
             c = ", ".join(cols)
             n = con.execute(f"SELECT count(*) FROM (SELECT {c} FROM {t} GROUP BY {c} HAVING count(*) > 1)").fetchone()[0]
             nulls = con.execute(f"SELECT count(*) FROM {t} WHERE " + " OR ".join(f"{x} IS NULL" for x in cols)).fetchone()[0]
-            keys.append({"check": f"{t} primary key ({c}) unique and not null", "violations": int(n) + int(nulls)})
+            bad = int(n) + int(nulls)
+            out.append(DataCheck(f"pk.{t}", "keys", f"{t} primary key ({c}) unique and not null: violations", bad,
+                                 "0", bad == 0))
         for child, cc, parent, pc in foreign_keys(schema):
             on = " AND ".join(f"p.{b} = c.{a}" for a, b in zip(cc, pc))
             notnull = " AND ".join(f"c.{a} IS NOT NULL" for a in cc)
-            n = con.execute(f"SELECT count(*) FROM {child} c WHERE {notnull} AND NOT EXISTS "
-                            f"(SELECT 1 FROM {parent} p WHERE {on})").fetchone()[0]
-            keys.append({"check": f"{child}({', '.join(cc)}) -> {parent}({', '.join(pc)})", "violations": int(n)})
+            n = int(con.execute(f"SELECT count(*) FROM {child} c WHERE {notnull} AND NOT EXISTS "
+                                f"(SELECT 1 FROM {parent} p WHERE {on})").fetchone()[0])
+            out.append(DataCheck(f"fk.{child}.{'.'.join(cc)}", "keys",
+                                 f"{child}({', '.join(cc)}) -> {parent}({', '.join(pc)}): rows without a parent", n,
+                                 "0", n == 0))
     finally:
         con.close()
-    ok = all(r["ok"] for r in rows.values()) and all(k["violations"] == 0 for k in keys)
-    return CheckResult(ok, rows, keys, notes)
+    return out
+
+
+class _Data(Data):
+    tables = TABLES
+    sf_rule = f"{MIN_SF:g} .. {MAX_SF:g}"
+    check_kinds = CHECK_KINDS
+
+    def check_sf(self, sf) -> float:
+        return check_sf(sf)
+
+    def set_dir(self, sf: float, seed: int | None = None, data_dir: str | Path | None = None) -> Path:
+        return sf_dir(sf, data_dir)
+
+    def is_valid(self, d: Path) -> bool:
+        return is_valid(d)
+
+    def dataset(self, sf: float, data_dir: str | Path | None = None, *, seed: int | None = None, log=None,
+                progress=None) -> Dataset:
+        return dataset(sf, data_dir, log=log, progress=progress)
+
+    def check(self, d: Path, sf: float) -> list[DataCheck]:
+        return check(d, sf)
+
+
+DATA = _Data()

@@ -15,10 +15,12 @@ and 39: "1" ... "14a", "14b", ... "99".
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tilewise.benchmarks.spec import Catalog, ParamSets, QueryId, QuerySet
 from tilewise.benchmarks.tpcds import kit as _kit
 from tilewise.errors import TilewiseError, UsageError
 
@@ -147,43 +149,87 @@ def interval_literals(sql: str) -> tuple[str, int]:
     return _DAYS.subn(lambda m: f"{m.group(1)}{m.group(2)} interval '{m.group(3)}' day", sql)
 
 
-# ---- selections ------------------------------------------------------------------------------------
+# ---- seeds -----------------------------------------------------------------------------------------
 
 def check_seed(seed) -> int:
+    """dsqgen's RNGSEED: a whole number below 2^31."""
     try:
         v = int(seed)
     except (TypeError, ValueError):
         raise UsageError(f"seed {seed!r} is not a whole number", "use e.g. --seed 0") from None
     if not 0 <= v < 2**31:
-        raise UsageError(f"seed {seed} is out of range", "use 0 .. 2147483647")
+        raise UsageError(f"seed {seed} is out of range for dsqgen", "use 0 .. 2147483647")
     return v
 
 
-def parse_selection(text: str | None) -> list[str]:
-    """"1,14,20-22" -> ["1", "14a", "14b", "20", "21", "22"]; "14b" names one part; None/"all" -> all
-    103 statements; unknown numbers are an error."""
-    if text is None or text.strip().lower() in ("", "all"):
-        if text is not None and not text.strip():
-            raise UsageError("empty query list", "use e.g. --queries 1,14,20-22")
-        return list(STATEMENTS)
-    out: list[str] = []
-    for part in text.split(","):
-        part = part.strip().lower().lstrip("q")
-        m = re.fullmatch(r"(\d+)([ab]?)(?:-q?(\d+))?", part)
-        if not m or (m.group(2) and m.group(3)):
-            raise UsageError(f"bad query list {text!r}", "use e.g. --queries 1,14,20-22 or 14b")
-        lo = int(m.group(1))
-        hi = int(m.group(3)) if m.group(3) else lo
-        if lo > hi:
-            raise UsageError(f"bad query range {part!r}", "write ranges low-high, e.g. 20-22")
-        for n in range(lo, hi + 1):
-            if n not in TEMPLATES:
-                raise UsageError(f"no TPC-DS query {n}", "templates are numbered 1..99")
-            ids = statements_of(n)
-            if m.group(2):
-                want = f"{n}{m.group(2)}"
-                if want not in ids:
-                    raise UsageError(f"TPC-DS query {n} has one part, not {want}", f"use --queries {n}")
-                ids = (want,)
-            out += [i for i in ids if i not in out]
-    return out
+# ---- the benchmark contract's catalog and parameter sets --------------------------------------------
+
+def query_id(statement: str) -> QueryId:
+    """A statement's id in the catalog: 7 for "7", "14a" for a part of a two-part template."""
+    return int(statement) if statement.isdigit() else statement
+
+
+IDS: tuple[QueryId, ...] = tuple(query_id(s) for s in STATEMENTS)
+
+
+def _text(q: QueryId) -> str:
+    return qualification()[str(q)].sql
+
+
+def _order(stream_no: int) -> list[QueryId]:
+    """Every statement in the order stream `stream_no` runs it (the specification's permutation,
+    which dsqgen draws per stream and does not depend on the seed)."""
+    return [query_id(st.id) for st in stream(DEFAULT_SEED, stream_no)]
+
+
+CATALOG = Catalog("TPC-DS", IDS, _text, _order)
+
+
+class StreamQuerySet(QuerySet):
+    """The SQL every stream runs, by `--params`:
+    - "streams" (default): each stream's parameters drawn by dsqgen from the run's seed by the
+      specification's substitution rules (stream 0 is the power test's), as a TPC-DS run draws them;
+    - "qualification": the specification's qualification values in every stream."""
+
+    def __init__(self, catalog: Catalog, params: str, seed: int, sf: float) -> None:
+        super().__init__(catalog)
+        self.params, self.seed, self.sf = params, check_seed(seed), float(sf)
+        self.per_stream = params == "streams"
+
+    def statement(self, q: QueryId, stream_no: int) -> Statement:
+        if not self.per_stream:
+            return qualification()[str(q)]
+        return next(st for st in stream(self.seed, stream_no, _scale(self.sf)) if st.id == str(q))
+
+    def sql(self, q: QueryId, stream_no: int) -> str:
+        return self.statement(q, stream_no).sql
+
+    def key(self, q: QueryId, stream_no: int) -> str:
+        """Equal SQL, equal key: the statement and a hash of its text."""
+        if not self.per_stream:
+            return self.catalog.ref_key(q)
+        return f"{self.catalog.ref_key(q)}-{hashlib.sha256(self.sql(q, stream_no).encode()).hexdigest()[:16]}"
+
+    def describe(self, streams, ids) -> dict:
+        """What results.json records: where the texts come from, the seed, the modifications."""
+        kit = _kit.find()
+        changed = sorted({f"q{q}" for q in ids for s in streams if self.statement(q, s).changes}, key=str)
+        doc = {"benchmark": "tpcds", "params": self.params, "kit": kit.describe(),
+               "seed": self.seed if self.per_stream else None, "streams": [int(s) for s in streams],
+               "interval_literals": changed,
+               "notes": [f"{len(changed)} statement(s) add days to dates with the SQL standard's interval literal "
+                         "instead of the templates' `+ N days` (a minor query modification)"] if changed else []}
+        if self.per_stream:
+            doc["dsqgen"] = f"-STREAMS n -RNGSEED {self.seed} -SCALE {_kit._scale_arg(self.sf)}"
+        return doc
+
+
+def _scale(sf: float) -> float:
+    """The scale factor dsqgen draws parameters for (a whole number, at least 1)."""
+    return float(_kit._scale_arg(sf))
+
+
+PARAMS = ParamSets(("streams", "qualification"), "streams",
+                   "streams (default: each stream's parameters drawn by dsqgen from --seed, as a TPC-DS run does) or "
+                   "qualification (the specification's qualification values in every stream)",
+                   StreamQuerySet)
