@@ -13,7 +13,8 @@ import pytest
 from tilewise.bench import validate as bv
 from tilewise.benchmarks.spec import Catalog
 from tilewise.benchmarks.tpcds import SPEC, data, kit, queries, rewrites
-from tilewise.data import Dataset, store
+from tilewise.data import store
+from tilewise.engines.base import Engine, InstanceStatus, QueryResult
 from tilewise.errors import TilewiseError, UsageError
 
 from conftest import run_cli
@@ -186,6 +187,20 @@ def test_interrupted_generation_leaves_nothing_that_looks_valid(tmp_path):
 
 # ---- answers ---------------------------------------------------------------------------------------------
 
+def test_answers_keep_repeated_column_names_apart(tiny):
+    """The reference reads answers by column position: a dict by name (Table.to_pydict) merged
+    repeated names, as TPC-DS q39's two d_moy columns, and then compared the wrong values."""
+    ref = bv.Reference(tiny)
+    sql = "select a.x, b.x, 'a' as y, c.x from (select 1 as x) a, (select 2 as x) b, (select 3 as x) c"
+    ans = ref.answer_sql(sql, "repeated-names")
+    assert [c.name for c in ans.columns] == ["x", "x", "y", "x"]
+    assert ans.rows == [[["i", "1"], ["i", "2"], ["s", "a"], ["i", "3"]]]
+    assert ref.check_sql(sql, "repeated-names", [(1, 2, "a", 3)]).ok
+    assert not ref.check_sql(sql, "repeated-names", [(3, 2, "a", 3)]).ok
+    q39 = ref.answer("39a")
+    assert [c.name for c in q39.columns].count("d_moy") == 2
+
+
 def test_null_order_probe(duck):
     import datafusion
 
@@ -246,3 +261,83 @@ def test_duckdb_answers_are_valid_and_a_tampered_reference_is_caught(tiny, duck)
     doc["sha256"] = bv.digest({k: doc[k] for k in ("columns", "rows", "limit", "boundary", "pool")})
     path.write_text(json.dumps(doc))
     assert not bv.Reference(tiny, null_order="nulls_last").check(7, rows).ok
+
+
+# ---- the harness: bench tpcds ------------------------------------------------------------------------------
+
+class LocalDuckDB(Engine):
+    """One in-process DuckDB over the tiny set's Parquet files: the harness's handling of TPC-DS
+    (the engine's NULL order, dialect rewrites, a statement the engine rejects) without servers.
+    `reject`: statements it raises on, as an engine rejects SQL it cannot run."""
+
+    name = "local"
+    replicas = True
+    reject: tuple[str, ...] = ()
+
+    def start(self, plan, *, dataset, allocator="system"):
+        import duckdb
+
+        self.plan = plan
+        self.con = duckdb.connect()
+        for t, p in dataset.tables.items():
+            self.con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{p}')")
+
+    def run_query(self, sql, *, instance=None):
+        if any(queries.qualification()[s].sql == sql for s in self.reject):
+            raise TilewiseError("local rejected the query: Parser Error: syntax error at or near \"days\"")
+        cur = self.con.cursor()
+        rows = cur.execute(sql).fetchall()
+        return QueryResult([d[0] for d in cur.description], rows, 0.001, 0)
+
+    def status(self):
+        return [InstanceStatus(i.id, None, i.cpus, i.mem_nodes, i.mem_policy, True, True) for i in self.plan.instances]
+
+    def stop(self):
+        if getattr(self, "con", None) is not None:
+            self.con.close()
+            self.con = None
+
+
+def test_harness_reports_rewrites_null_order_failures_and_answers_without_reference(tiny, tmp_path):
+    from tilewise.bench import tpch as harness
+
+    class Rejects(LocalDuckDB):
+        reject = ("96",)
+
+    cfg = harness.Config(engine="duckdb", benchmark="tpcds", sf=TINY, data_dir=tiny.dir.parent, policies="wim",
+                         queries=[7, 21, 59, "39a", 90, 96], runs=1, warmup=False, streams=1, params="qualification",
+                         out=tmp_path / "out", plots=False)
+    with pytest.raises(harness.QueryFailed, match="could not run 1 query: wim/q96: local rejected the query"):
+        harness.run(cfg, harness.Reporter(), engine_cls=Rejects)
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    qs = doc["policies"]["wim"]["queries"]
+    assert doc["validation"]["null_order"] == "nulls_last"  # DuckDB sorts NULLs last both ways
+    assert qs["q96"]["valid"] is False and "Parser Error" in qs["q96"]["failed"] and not qs["q96"]["times_s"]
+    assert qs["q90"]["valid"] is None and "Divide by zero" in qs["q90"]["not_comparable"]  # no answer at SF 0.01
+    assert all(qs[q]["valid"] is True for q in ("q7", "q21", "q59", "q39a"))
+    assert qs["q21"].get("rewritten") and not qs["q7"].get("rewritten")  # DuckDB's integer division
+    run = doc["policies"]["wim"]["tpch_runs"][0]
+    assert "q96" not in run["power"]["queries"] and run["failed"] == ["q96"]
+    assert run["power_qph"] > 0 and run["throughput_qph"] > 0 and "qphds" not in json.dumps(run).lower()
+    assert any(n.startswith("not QphDS@SF") for n in doc["notes"])
+    assert doc["validation"]["wrong_answers"] == [] and doc["summary"]["wim"]["valid"] is False
+
+
+def test_bench_tpcds_end_to_end_on_duckdb(tiny, tmp_path):
+    """`tilewise bench tpcds` on the DuckDB engine at the smallest SF, every statement, power and
+    throughput tests: every answer valid but the two without a reference answer at this SF."""
+    r = run_cli("bench", "tpcds", "--sf", str(TINY), "--data-dir", str(tiny.dir.parent), "--policies", "wim",
+                "--runs", "1", "--no-warmup", "--streams", "1", "--params", "qualification", "--no-plots",
+                "--out", str(tmp_path / "out"), "--json", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    qs = doc["policies"]["wim"]["queries"]
+    assert len(qs) == 103 and doc["params"]["benchmark"] == "tpcds"
+    no_answer = {q for q, v in qs.items() if v.get("not_comparable")}
+    assert no_answer == {"q12", "q90"}  # they divide by zero at SF 0.01 (DuckDB returns NULL, the standard errs)
+    assert all(v["valid"] is True for q, v in qs.items() if q not in no_answer), \
+        {q: v.get("error") for q, v in qs.items() if v["valid"] is not True}
+    assert {q for q, v in qs.items() if v.get("rewritten")} == {"q21", "q34", "q73", "q78", "q83", "q90"}
+    run = doc["policies"]["wim"]["tpch_runs"][0]
+    assert run["power"]["order"][:4] == [96, 7, 75, 44] and len(run["throughput"]["streams"]) == 1
+    assert doc["metric_names"] == [["power_qph", "power test queries/h"], ["throughput_qph", "throughput test queries/h"]]

@@ -221,7 +221,7 @@ def render_tpch(doc: dict, out) -> None:
                    f"{fmt(s.get('total_min_s'))}-{fmt(s.get('total_max_s'))}",
                    f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
                    fmt(s.get("geomean_speedup_vs_baseline"), ".2f"), fmt(s.get("throughput_speedup_vs_baseline"), ".2f"),
-                   _verdict(valid, s.get("not_comparable")))
+                   _answers_cell(valid, s.get("not_comparable")))
     out.print(st)
     names = model.metric_names(doc)
     if any(summ.get(n, {}).get(key) for n in measured for key, _ in names):
@@ -262,7 +262,7 @@ def render_tpch(doc: dict, out) -> None:
     _tpch_notes(doc, out)
 
 
-def _verdict(valid: bool | None, not_comparable: int | None) -> str:
+def _answers_cell(valid: bool | None, not_comparable: int | None) -> str:
     if valid is False:
         return "WRONG"
     if not_comparable:
