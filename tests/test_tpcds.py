@@ -261,6 +261,7 @@ def test_duckdb_answers_are_valid_and_a_tampered_reference_is_caught(tiny, duck)
     doc["sha256"] = bv.digest({k: doc[k] for k in ("columns", "rows", "limit", "boundary", "pool")})
     path.write_text(json.dumps(doc))
     assert not bv.Reference(tiny, null_order="nulls_last").check(7, rows).ok
+    path.unlink()  # the module's other tests use this data set's references
 
 
 # ---- the harness: bench tpcds ------------------------------------------------------------------------------
