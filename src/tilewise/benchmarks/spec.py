@@ -48,6 +48,22 @@ def query_number(q: QueryId) -> int:
     return int(m.group(0))
 
 
+def scale_factor(sf, *, lowest: float, too_small: str, highest: float, title: str) -> float:
+    """A scale factor as a float in [lowest, highest], or a UsageError: too_small says why below
+    `lowest` the benchmark cannot make a set ("leaves the supplier table empty ...")."""
+    try:
+        v = float(sf)
+    except (TypeError, ValueError):
+        raise UsageError(f"scale factor {sf!r} is not a number", "use e.g. --sf 1 or --sf 0.01") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise UsageError(f"scale factor must be > 0, got {sf}", "use e.g. --sf 1 or --sf 0.01")
+    if v < lowest * (1 - 1e-9):
+        raise UsageError(f"scale factor {sf} {too_small}", f"use --sf {lowest:g} or more")
+    if v > highest:
+        raise UsageError(f"scale factor {sf} is beyond {title}'s largest ({highest:g})", "use e.g. --sf 1 or --sf 100")
+    return v
+
+
 def check_seed(seed) -> int:
     """A seed: an integer in [0, 2^63)."""
     try:

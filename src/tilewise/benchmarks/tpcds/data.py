@@ -15,15 +15,14 @@ return's sale).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from tilewise.benchmarks.spec import Data, DataCheck
+from tilewise.benchmarks.spec import Data, DataCheck, scale_factor
 from tilewise.data import Dataset, store
-from tilewise.errors import TilewiseError, UsageError
+from tilewise.errors import TilewiseError
 
+TITLE = "TPC-DS"
 MANIFEST_FORMAT = "tilewise-tpcds-data/1"
 TABLES = (
     "call_center", "catalog_page", "catalog_returns", "catalog_sales", "customer", "customer_address",
@@ -88,9 +87,6 @@ RETURNS_OF = {
 }
 
 
-TITLE = "TPC-DS"
-
-
 def _dataset(sf: float, d: Path) -> Dataset:
     return Dataset("tpcds", sf, Path(d), title=TITLE, table_names=TABLES)
 
@@ -100,18 +96,8 @@ def default_root() -> Path:
 
 
 def check_sf(sf) -> float:
-    try:
-        v = float(sf)
-    except (TypeError, ValueError):
-        raise UsageError(f"scale factor {sf!r} is not a number", "use e.g. --sf 1 or --sf 0.01") from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise UsageError(f"scale factor must be > 0, got {sf}", "use e.g. --sf 1 or --sf 0.01")
-    if v < MIN_SF * (1 - 1e-9):
-        raise UsageError(f"scale factor {sf} is below what tpcgen-cli scales (it writes SF {MIN_SF:g}'s tables)",
-                         f"use --sf {MIN_SF:g} or more")
-    if v > MAX_SF:
-        raise UsageError(f"scale factor {sf} is beyond TPC-DS's largest ({MAX_SF:g})", "use e.g. --sf 1 or --sf 100")
-    return v
+    return scale_factor(sf, lowest=MIN_SF, too_small=f"is below what tpcgen-cli scales (it writes SF {MIN_SF:g}'s tables)",
+                        highest=MAX_SF, title=TITLE)
 
 
 def sf_dir(sf: float, data_dir: str | Path | None = None) -> Path:
@@ -120,10 +106,7 @@ def sf_dir(sf: float, data_dir: str | Path | None = None) -> Path:
 
 
 def tpcgen() -> str:
-    exe = shutil.which("tpcgen-cli", path=str(Path(sys.executable).parent)) or shutil.which("tpcgen-cli")
-    if not exe:
-        raise TilewiseError("tpcgen-cli not found", "install it with `pip install tpcgen-cli` (make setup does)")
-    return exe
+    return store.find_tool("tpcgen-cli")
 
 
 def tpcgen_version() -> str:
