@@ -511,11 +511,16 @@ def _prepare_references(ctx: _Ctx, doc: dict) -> None:
                 states.reference(i).answer_sql(qset.sql(n, st), qset.key(n, st), n)
             except validate.NoReference as e:
                 ctx.no_reference.setdefault(n, str(e))
+    _not_comparable(ctx, doc)
+
+
+def _not_comparable(ctx: _Ctx, doc: dict) -> None:
+    """Every query without a reference answer (in some stream) in results.json, said once."""
     for n, why in ctx.no_reference.items():
         msg = f"q{n}: not comparable: {why}"
         if msg not in doc["validation"]["not_comparable"]:
             doc["validation"]["not_comparable"].append(msg)
-            ctx.rep.message(f"warning: {msg}; its answers are not validated")
+            ctx.rep.message(f"warning: {msg}; its answers there are not validated")
 
 
 def _same_as(doc: dict, label: str, p, other: str, rep: Reporter) -> None:
@@ -578,6 +583,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
             name = f"run {r + 1 - int(cfg.warmup)}" if timed else "warm-up"
             one, answers = _one_run(engine, ctx, name, rec.get("start_s"))
             _check(answers, ctx, label, rows_of, detail, failed, rep)
+            _not_comparable(ctx, doc)
             if ctx.states.schedule and r < total - 1:
                 _restore(engine, ctx)  # outside the timed region: the next run starts from the loaded data
             per_query = _per_query(one, cfg.queries)
@@ -622,12 +628,12 @@ def _queries(rec: dict, ctx: _Ctx, times, warm, rows_of, detail, failed) -> None
     reference answer: `not_comparable` says why), the engine's error where it could not run it, and
     whether the engine ran a rewritten text (the benchmark's rewrite for its dialect)."""
     for n in ctx.cfg.queries:
-        if n in failed:
+        if n in failed or n in detail:
             valid = False
         elif not ctx.cfg.validate or n in ctx.no_reference:
-            valid = None
+            valid = None  # not checked, or (in some stream) without a reference answer
         else:
-            valid = n not in detail
+            valid = True
         q = {"times_s": times[n], "warmup_s": warm[n], "rows": rows_of.get(n), "valid": valid,
              **report.query_stats(times[n])}
         if n in detail:
@@ -785,7 +791,7 @@ def _check(answers: list[Answer], ctx: _Ctx, label: str, rows_of: dict, detail: 
             continue
         rows = _corrupt(a.rows) if a.query in cfg.inject_wrong else a.rows
         rows_of[a.query] = len(rows)
-        if not cfg.validate or a.query in ctx.no_reference:
+        if not cfg.validate:
             continue
         checks = []
         try:
@@ -794,7 +800,7 @@ def _check(answers: list[Answer], ctx: _Ctx, label: str, rows_of: dict, detail: 
                                                             ctx.queries.key(a.query, a.stream), rows, a.query))
                 if checks[-1].ok:
                     break
-        except NoReference as e:
+        except NoReference as e:  # this text has no answer (another stream's text of the query may have one)
             ctx.no_reference.setdefault(a.query, str(e))
             continue
         if not checks[-1].ok and a.query not in detail:  # loud, at once, not only in the final table
