@@ -298,6 +298,10 @@ class States:
             self._refs[key] = validate.Reference(self.dataset, state=st, sets=self.sets, null_order=self.null_order)
         return self._refs[key]
 
+    def computed(self) -> int:
+        """Reference answers computed so far (not read from the cache)."""
+        return sum(len(r.computed) for r in self._refs.values())
+
     def apply(self, engine, k: int) -> float:
         """Apply the run's k-th refresh function (0-based); returns its time."""
         fn, rs = self.schedule[k]
@@ -502,15 +506,22 @@ def _prepare_references(ctx: _Ctx, doc: dict) -> None:
     ctx.rep.message(f"reference answers: DataFusion {ref.version}{order} (cached in {ref.cache_dir})")
     if states.null_order:
         doc["validation"]["null_order"] = states.null_order
+    t0, used, before = time.perf_counter(), 0, states.computed()
     for n in cfg.queries:
         jobs = [(i, 0) for i in ((0, 1) if ctx.power_fns is not None else (0,))]
         if qset.per_stream:  # every stream has its own SQL: its answers on the loaded data too
             jobs += [(0, st) for st in ctx.stream_ids]
         for i, st in jobs:
+            used += 1
             try:
                 states.reference(i).answer_sql(qset.sql(n, st), qset.key(n, st), n)
             except validate.NoReference as e:
                 ctx.no_reference.setdefault(n, str(e))
+    computed = states.computed() - before
+    doc["validation"]["references"] = {"answers": used, "computed": computed, "cached": used - computed,
+                                       "seconds": round(time.perf_counter() - t0, 3), "dir": str(ref.cache_dir)}
+    ctx.rep.message(f"reference answers: {used - computed} cached, {computed} computed in "
+                    f"{time.perf_counter() - t0:.1f} s")
     _not_comparable(ctx, doc)
 
 
