@@ -60,7 +60,7 @@ _LIMIT = re.compile(r"\blimit\s+(\d+)\s*;?\s*$", re.I)
 POOL_ROWS = 10000  # extra rows fetched to find the end of a tie group the LIMIT cut
 RULES = ("exact for integers, decimals at their scale, dates, strings; floats 1e-9 relative; "
          "different scales compared at the coarser; division results (AVG, /) 1 unit of the last digit; "
-         "rows tied on ORDER BY keys as a multiset")
+         "rows tied on ORDER BY keys as a multiset; a tie group cut by the LIMIT: a sub-multiset of the whole group")
 _NUMERIC = ("i", "dec", "f")
 _MAX_GREEDY = 5000  # rows in one tie group beyond which a failed sorted match is not retried pairwise
 
