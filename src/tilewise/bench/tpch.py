@@ -510,7 +510,7 @@ def _prepare_references(ctx: _Ctx, doc: dict) -> None:
     for n in cfg.queries:
         jobs = [(i, 0) for i in ((0, 1) if ctx.power_fns is not None else (0,))]
         if qset.per_stream:  # every stream has its own SQL: its answers on the loaded data too
-            jobs += [(0, st) for st in ctx.stream_ids]
+            jobs += [(0, st) for st in ctx.stream_ids if st != 0]
         for i, st in jobs:
             used += 1
             try:
