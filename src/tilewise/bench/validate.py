@@ -506,5 +506,8 @@ def columns_for(sql: str, ref_columns: list[Column]) -> tuple[list[Column], tupl
     """The reference's columns with their division flags from the SQL, and the ORDER BY key columns."""
     shape = sqlshape.analyse(sql)
     outs = shape.outputs if shape.outputs is not None and len(shape.outputs) == len(ref_columns) else None
-    cols = [Column(c.name, c.type, c.kind, bool(outs and outs[i].division)) for i, c in enumerate(ref_columns)]
+    if outs is not None:
+        cols = [Column(c.name, c.type, c.kind, outs[i].division) for i, c in enumerate(ref_columns)]
+    else:  # SELECT *: a column named like a division defined inside the query is one
+        cols = [Column(c.name, c.type, c.kind, c.name.lower() in shape.division_names) for c in ref_columns]
     return cols, sqlshape.order_columns(shape, [c.name for c in ref_columns])

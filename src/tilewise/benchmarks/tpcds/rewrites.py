@@ -13,10 +13,13 @@ through the benchmark spec (Benchmark.dialects, built by `dialects()` below), ke
 registry name, and records every statement an engine ran rewritten (`"rewritten": true`).
 NOTE FOR THE LEAD: with the engine contract's dialect hook (EngineSpec.dialect(text, Query)), each
 entry moves to its engine's folder (engines/duckdb/: DuckDB's rules below, applied when
-Query.benchmark == "tpcds"), and Benchmark.dialects goes. DuckDB:
-- integer / integer is a floating division in DuckDB; the SQL standard (and DataFusion, Trino,
-  PostgreSQL) truncates. q21, q34, q73, q78 and q83 divide integers; DuckDB gets `//`.
-- `at` is a reserved word in DuckDB; q90 names a derived table `at`: it is quoted.
+Query.benchmark == "tpcds"), and Benchmark.dialects goes.
+- integer / integer is a floating division in DuckDB and Spark; the SQL standard (and DataFusion,
+  Trino, PostgreSQL) truncates. q21, q34, q73, q78 and q83 divide integers; DuckDB gets `//`, Spark
+  `div` (both integer division, at the same precedence as `/`).
+- `at` is a reserved word in DuckDB; q90 names a derived table `at`: DuckDB gets it quoted.
+- Spark reads a double-quoted alias (`as "order count"`, eight statements) as a string literal and
+  rejects it; it gets the alias in backquotes, its identifier quotes.
 """
 
 from __future__ import annotations
@@ -40,17 +43,31 @@ REFERENCE: dict[str, list[Rule]] = {
     "66": [(r"sum\((\w+_sales)/w_warehouse_sq_ft\)", r"sum(cast(\1 as double)/w_warehouse_sq_ft)", 12)],
 }
 
-_INT_DIV = r"(?<!/)/(?![/*])"
+def _integer_division(op: str) -> dict[str, list[Rule]]:
+    """The five statements that divide integers, with `op` (the engine's integer division) instead of `/`."""
+    return {
+        "21": [(r"inv_after / inv_before", f"inv_after {op} inv_before", 1)],
+        "34": [(r"hd_dep_count/ household_demographics\.hd_vehicle_count",
+                f"hd_dep_count {op} household_demographics.hd_vehicle_count", 1)],
+        "73": [(r"hd_dep_count/ household_demographics\.hd_vehicle_count",
+                f"hd_dep_count {op} household_demographics.hd_vehicle_count", 1)],
+        "78": [(r"round\(ss_qty/\(", f"round(ss_qty {op} (", 1)],
+        "83": [(r"(\w\w_item_qty)/\(sr_item_qty\+cr_item_qty\+wr_item_qty\)/3\.0",
+                rf"\1 {op} (sr_item_qty+cr_item_qty+wr_item_qty)/3.0", 3)],
+    }
+
+
+# `as "order count"`: a double-quoted alias is an identifier in the SQL standard, a string in Spark
+_QUOTED_ALIASES = {"16": 3, "32": 1, "50": 5, "62": 5, "92": 1, "94": 3, "95": 3, "99": 5}
+
 DIALECTS: dict[str, dict[str, list[Rule]]] = {
     "duckdb": {
-        "21": [(r"inv_after / inv_before", "inv_after // inv_before", 1)],
-        "34": [(r"hd_dep_count/ household_demographics\.hd_vehicle_count",
-                "hd_dep_count// household_demographics.hd_vehicle_count", 1)],
-        "73": [(r"hd_dep_count/ household_demographics\.hd_vehicle_count",
-                "hd_dep_count// household_demographics.hd_vehicle_count", 1)],
-        "78": [(r"round\(ss_qty/\(", "round(ss_qty//(", 1)],
-        "83": [(r"(\w\w_item_qty)/\(sr_item_qty\+cr_item_qty\+wr_item_qty\)/3\.0", r"\1//(sr_item_qty+cr_item_qty+wr_item_qty)/3.0", 3)],
-        "90": [(r"\)\s+at,", ') "at",', 1)],
+        **_integer_division("//"),
+        "90": [(r"\)\s+at,", ') "at",', 1)],  # `at` is a reserved word in DuckDB
+    },
+    "spark": {
+        **_integer_division("div"),
+        **{q: [(r'\bas\s+"([^"]+)"', r"as `\1`", n)] for q, n in _QUOTED_ALIASES.items()},
     },
 }
 
