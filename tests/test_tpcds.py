@@ -357,3 +357,10 @@ def test_bench_tpcds_end_to_end_on_duckdb(tiny, tmp_path):
     run = doc["policies"]["wim"]["tpch_runs"][0]
     assert run["power"]["order"][:4] == [96, 7, 75, 44] and len(run["throughput"]["streams"]) == 1
     assert doc["metric_names"] == [["power_qph", "power test queries/h"], ["throughput_qph", "throughput test queries/h"]]
+    shown = run_cli("report", str(tmp_path / "out"))  # the tables again, TPC-DS's figures, queries in order
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert "TPC-DS (qualification) metrics" in text and "power test queries/h" in text and "QphH" not in text
+    rows = [ln.split()[0] for ln in text.splitlines() if ln.startswith("q")]
+    assert rows.index("q13") < rows.index("q14a") < rows.index("q14b") < rows.index("q15")
+    assert "n/c" in text and "valid, 2 not comparable" in text
