@@ -20,6 +20,13 @@ Query.benchmark == "tpcds"), and Benchmark.dialects goes.
 - `at` is a reserved word in DuckDB; q90 names a derived table `at`: DuckDB gets it quoted.
 - Spark reads a double-quoted alias (`as "order count"`, eight statements) as a string literal and
   rejects it; it gets the alias in backquotes, its identifier quotes.
+- Trino does not compare a DATE with a string literal (`d_date between '2002-2-01' and ...`, eight
+  statements) nor add an integer to a date (q72): it gets `cast('...' as date)` and an interval.
+- Trino keeps AVG of a decimal at the argument's scale and a quotient at the larger operand's
+  scale (2), where the other engines keep 6 or more digits; q36 ranks, q47, q57, q63 and q89 filter
+  (`abs(sum - avg) / avg > 0.1`), q75 filters (`ratio < 0.9`) and q61 multiplies by such values, so
+  their last digits choose rows. Trino gets the averaged or divided value as decimal(38,10) first
+  (q61: the product first, as the reference).
 """
 
 from __future__ import annotations
@@ -60,6 +67,16 @@ def _integer_division(op: str) -> dict[str, list[Rule]]:
 # `as "order count"`: a double-quoted alias is an identifier in the SQL standard, a string in Spark
 _QUOTED_ALIASES = {"16": 3, "32": 1, "50": 5, "62": 5, "92": 1, "94": 3, "95": 3, "99": 5}
 
+# Trino compares a DATE with a string only after an explicit cast (no implicit conversion), and adds
+# days to a date only as an interval
+_DATE_LITERALS = {"16": 1, "32": 2, "58": 3, "83": 9, "92": 2, "94": 1, "95": 1}
+_DATE = r"(?<!cast\()'(\d{4}-\d{1,2}-\d{1,2})'"
+
+# Trino keeps AVG of a decimal at the argument's scale and a decimal quotient at the larger operand
+# scale (2 here): where a statement ranks, filters or orders by such a value, its last digits decide
+# which rows come out. Trino gets the averaged or divided value as decimal(38,10) first.
+_WIDE = "decimal(38,10)"
+
 DIALECTS: dict[str, dict[str, list[Rule]]] = {
     "duckdb": {
         **_integer_division("//"),
@@ -68,6 +85,16 @@ DIALECTS: dict[str, dict[str, list[Rule]]] = {
     "spark": {
         **_integer_division("div"),
         **{q: [(r'\bas\s+"([^"]+)"', r"as `\1`", n)] for q, n in _QUOTED_ALIASES.items()},
+    },
+    "trino": {
+        **{q: [(_DATE, r"cast('\1' as date)", n)] for q, n in _DATE_LITERALS.items()},
+        "72": [(r"d1\.d_date \+ 5\b", "d1.d_date + interval '5' day", 1)],
+        "36": [(r"sum\(ss_net_profit\)/sum\(ss_ext_sales_price\)",
+                f"cast(sum(ss_net_profit) as {_WIDE})/sum(ss_ext_sales_price)", 2)],
+        **{q: [(r"avg\(sum\((\w\w_sales_price)\)\)", rf"avg(cast(sum(\1) as {_WIDE}))", 1)]
+           for q in ("47", "57", "63", "89")},
+        "61": REFERENCE["61"],  # the quotient times 100 as the product divided (as for the reference)
+        "75": [(r"CAST\(curr_yr\.sales_cnt AS DECIMAL\(17,2\)\)/", f"CAST(curr_yr.sales_cnt AS {_WIDE})/", 1)],
     },
 }
 
