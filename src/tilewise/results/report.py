@@ -342,10 +342,11 @@ def tpch_plots(doc: dict, out_dir: Path) -> list[Path]:
     names = model.metric_names(doc)
     figures = {title: [(summ[n].get(k) or {}).get("median") for n in ran] for k, title in names}
     if any(v is not None for vals in figures.values() for v in vals):
-        which = "TPC-H" if names == model.TPCH_METRICS else bench
+        tpch_figures = names == model.TPCH_METRICS
         paths.append(plots.bar_chart(out_dir / "tpch_metrics.png", ran, figures,
-                                     ylabel="queries per hour" + (" x SF" if names == model.TPCH_METRICS else ""),
-                                     title=f"{bench}: {which} metrics per policy ({tag})", reference_line=None))
+                                     ylabel="queries per hour" + (" x SF" if tpch_figures else ""),
+                                     title=f"{bench}: {'TPC-H ' if tpch_figures else ''}metrics per policy ({tag})",
+                                     reference_line=None))
     return paths
 
 
