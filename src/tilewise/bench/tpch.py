@@ -447,8 +447,11 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     if drawn:  # drawn parameters (JCC-H): what every stream runs, as the benchmark's generator would log them
         doc["query_parameters"] = drawn
         doc["notes"] += drawn["notes"]
-        rep.message(f"{spec.title} {qset.params} query parameters, seed {qset.seed}: {len(stream_ids)} stream(s) "
-                    "with their own (recorded in results.json)")
+        if qset.per_stream:
+            rep.message(f"{spec.title} {qset.params} query parameters, seed {qset.seed}: {len(stream_ids)} stream(s) "
+                        "with their own (recorded in results.json)")
+        else:
+            rep.message(f"{spec.title} {qset.params} query parameters in every stream (recorded in results.json)")
     if "power" in cfg.tests and replicas:
         doc["notes"].append("the power test runs one stream, so on a replica engine it uses one instance of a "
                             "multi-instance deployment (the specification's single-user test); compare deployments "
