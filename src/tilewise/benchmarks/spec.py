@@ -1,6 +1,6 @@
 """The benchmark contract: what one benchmark package provides, as one spec object (``SPEC``).
 
-A benchmark (TPC-H, JCC-H; TPC-DS next) is one package, ``tilewise.benchmarks.<name>`` or a
+A benchmark (TPC-H, JCC-H, TPC-DS) is one package, ``tilewise.benchmarks.<name>`` or a
 package outside the tree registered under the entry-point group ``tilewise.benchmarks``, that
 exports one :class:`Benchmark`. The spec gives:
 
