@@ -16,7 +16,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
-    parser.addoption("--run-device", action="store_true", help="run tests that need a 16+ core machine")
+    parser.addoption("--run-device", action="store_true", help="run tests that need a 16+ core machine or a GPU")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("slow") and not run_slow:
             item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow or TILEWISE_SLOW=1"))
         if item.get_closest_marker("device") and not run_device:
-            item.add_marker(pytest.mark.skip(reason="device: needs a 16+ core machine (--run-device)"))
+            item.add_marker(pytest.mark.skip(reason="device: needs a 16+ core machine or a GPU (--run-device)"))
         if item.get_closest_marker("root") and os.geteuid() != 0:
             item.add_marker(pytest.mark.skip(reason="needs root"))
         if item.get_closest_marker("vm") and vm_skip:

@@ -111,8 +111,10 @@ def plugin(tmp_path, monkeypatch):
         """))
     monkeypatch.syspath_prepend(str(root))
     sys.modules.pop("tinybench", None)
+    benchmarks.REGISTRY.refresh()  # installed after this process read its entry points
     env = {"PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return root, env
+    yield root, env
+    benchmarks.REGISTRY.refresh()
 
 
 def test_data_generate_and_bench_find_a_plugin_benchmark(plugin, tmp_path):

@@ -26,8 +26,12 @@ def test_bench_elastic_tiny(tmp_path):
     assert el["daemon"]["ticks"] >= 5 and 1 <= el["cores_mean"] <= el["cores_total"]
     assert os_case["cores_mean"] == os_case["cores_total"]
     assert (out / "elastic.png").stat().st_size > 1000
-    log = (out / "logs" / "q6-adaptive.jsonl").read_text().splitlines()
-    assert json.loads(log[0])["format"] == "tilewise-elastic"
+    log = out / "logs" / "q6-adaptive.jsonl"  # the daemon's log: a results document of kind elastic.log
+    lines = log.read_text().splitlines()
+    head, end = json.loads(lines[0]), json.loads(lines[-1])
+    assert (head["kind"], head["params"]["mode"], end["event"]) == ("elastic.log", "adaptive", "end")
+    cp = run_cli("report", str(log))
+    assert cp.returncode == 0 and f"{el['daemon']['ticks']} ticks" in cp.stdout, cp.stderr
     assert not list((tmp_path / "state" / "elastic").glob("*.json"))  # restored, journal gone
     assert not [g for g in os.listdir("/sys/fs/cgroup/cpuset") if g.startswith("tilewise-elastic-")] \
         if os.path.isdir("/sys/fs/cgroup/cpuset") else True

@@ -2,7 +2,7 @@
 
 import json
 
-from conftest import run_cli
+from conftest import FIXTURES, run_cli
 
 TWO = "synthetic:Package:2 [NUMANode] L3Cache:2 Core:4 PU:1"
 
@@ -17,7 +17,10 @@ def test_trace_dry_run_log_replay_plot(tmp_path):
     assert s["n_total"] == 16 and s["cores"]["max"] == 5 and s["cores"]["final"] == 1  # 3/5 = 60 % is stable
     assert s["firings"]["t5"] == 4 and s["firings"]["t4"] == 4
     lines = [json.loads(x) for x in log.read_text().splitlines()]
-    assert lines[0]["format"] == "tilewise-elastic"
+    # a results document (kind elastic.log): the envelope first, then a line per record, the end last
+    assert (lines[0]["format"], lines[0]["kind"]) == ("tilewise-results", "elastic.log")
+    assert lines[0]["params"]["mode"] == "sparse" and lines[0]["environment"]["topology"]["summary"]
+    assert lines[-1]["event"] == "end" and lines[-1]["complete"] and lines[-1]["stats"]["ticks"] == 10
     ticks = [r for r in lines if "transitions" in r]
     assert {"t", "marking", "u", "action", "cores", "transitions"} <= set(ticks[0])
     assert ticks[1]["action"] == "allocate" and ticks[1]["marking"]["Provision"] == 2
@@ -25,6 +28,12 @@ def test_trace_dry_run_log_replay_plot(tmp_path):
     cp = run_cli("elastic", "--replay", str(log), "--plot", str(png), check=True)
     assert "10 ticks" in cp.stdout and png.stat().st_size > 1000
     assert png.read_bytes()[:4] == b"\x89PNG"
+    cp = run_cli("report", str(log), check=True)  # the log is a results document like any other
+    assert "10 ticks, 4 allocations, 4 releases" in cp.stdout and "controller cost: 10 ticks" in cp.stdout
+    old = FIXTURES / "results-v1" / "elastic-log-live.jsonl"  # a log of the tilewise before the results model
+    for again in (log, old):  # a log replays as a trace (its load used as is)
+        cp = run_cli("elastic", "--dry-run", "--trace", str(again), "--topology", TWO, "--json", check=True)
+        assert json.loads(cp.stdout)["ticks"] == sum(1 for x in again.read_text().splitlines() if '"transitions"' in x)
 
 
 def test_errors_are_one_line(tmp_path):
@@ -45,7 +54,7 @@ def test_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"x": 1}\n')
     cp = run_cli("elastic", "--replay", str(bad))
-    assert cp.returncode != 0 and "not a tilewise elastic log" in cp.stderr
+    assert cp.returncode != 0 and "not a tilewise elastic log" in cp.stderr and len(cp.stderr.splitlines()) == 1
 
 
 def test_instances_without_a_cluster_is_a_clear_error(tmp_path):

@@ -167,13 +167,17 @@ def test_bench_elastic_tick_cli(tmp_path):
                  "--mappings", "3", "--out", str(tmp_path / "o"), "--json")
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
-    assert doc["format"] == tickbench.FORMAT and doc["proc"] == "synthetic"
-    assert [c["mode"] for c in doc["cases"]] == ["dense", "adaptive"]
-    assert all(c["tick_cpu_ms"]["ticks"] == 12 for c in doc["cases"])
+    assert (doc["format"], doc["kind"]) == ("tilewise-results", tickbench.KIND) and doc["proc"] == "synthetic"
+    assert [c["mode"] for c in doc["cases"]] == ["dense", "adaptive"] and doc["complete"]
+    assert all(c["tick_cpu_ms"]["ticks"] == 12 == len(c["ticks_ms"]) for c in doc["cases"])
     assert doc["environment"]["topology"]["summary"]
+    assert [m["name"] for m in doc["metrics"]] == ["dense/tick_cpu", "adaptive/tick_cpu"]
     assert json.loads((tmp_path / "o" / "results.json").read_text())["cases"] == doc["cases"]
+    assert (tmp_path / "o" / "results.csv").read_text().startswith("mode,proc,cpus")
     text = run_cli("bench", "elastic-tick", "--topology", SMALL, "--modes", "dense", "--ticks", "6")
     assert text.returncode == 0 and "mean ms" in text.stdout and "budget" in text.stdout
+    shown = run_cli("report", str(tmp_path / "o"))  # the same table again from the results folder
+    assert shown.returncode == 0 and "mean ms" in shown.stdout and "adaptive" in shown.stdout, shown.stderr
 
 
 @pytest.mark.parametrize("args, message", [

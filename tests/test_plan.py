@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -264,3 +265,119 @@ def test_plan_cli_on_malformed_file(cli, tmp_path):
     bad.write_text("not xml")
     cp = cli("plan", "--topology", str(bad))
     assert cp.returncode != 0 and cp.stderr.startswith("Error: ") and "Traceback" not in cp.stderr
+
+
+# ---- policy gpu: one tile per GPU (fixtures: tests/fixtures/devices) -----------------------------
+
+GPU_FIX = FIXTURES / "devices"
+
+
+def _gpu_topo(name):
+    return topology.load(str(GPU_FIX / f"{name}.xml"))
+
+
+def test_policy_gpu_one_tile_per_gpu_node_cores_shared_fairly():
+    t = _gpu_topo("g4dn-metal")  # 8 T4, 4 per node, 24 cores per node
+    p = plan.plan(t, "gpu")
+    assert p.policy == "gpu" and len(p.instances) == 8
+    for i, inst in enumerate(p.instances):
+        node = i // 4
+        assert inst.numa_nodes == (node,) and inst.mem_policy == "membind" and inst.mem_nodes == (node,)
+        assert inst.cores == 6 and inst.gpu == t.gpus[i].address and inst.gpu_uuid == t.gpus[i].uuid
+    assert [inst.cpus for inst in p.instances[:2]] == [tuple(range(6)), tuple(range(6, 12))]
+    assert not set(p.instances[0].cpus) & set(p.instances[1].cpus)
+    assert "node 0: 4 GPUs share its 24 cores fairly (6, 6, 6, 6 cores)" in p.reasons
+    smt = plan.plan(t, "gpu", smt=True)  # siblings follow their cores
+    assert smt.instances[0].cpus == (0, 1, 2, 3, 4, 5, 48, 49, 50, 51, 52, 53)
+    doc = p.to_json()["instances"][3]
+    assert doc["gpu"] == "0000:36:00.0" and plan.Plan.from_json(p.to_json()).instances[3] == p.instances[3]
+    assert "gpu" not in plan.plan(t, "win").to_json()["instances"][0]  # CPU tiles keep their document
+
+
+def test_policy_gpu_uneven_and_short_of_cores():
+    t = _gpu_topo("g4dn-metal")
+    odd = replace(t, allowed_cpus=tuple(range(22)) + tuple(range(24, 48)))  # node 0: 22 cores for 4 GPUs
+    assert [i.cores for i in plan.plan(odd, "gpu").instances[:4]] == [6, 6, 5, 5]
+    few = replace(t, allowed_cpus=(0, 1, 24, 25, 26, 27))  # node 0: 2 cores for 4 GPUs
+    p = plan.plan(few, "gpu")
+    assert [i.cpus for i in p.instances[:4]] == [(0,), (1,), (0,), (1,)]
+    assert any("tiles share cores" in n for n in p.notes)
+
+
+def test_policy_gpu_node_unknown_picks_by_local_cpus_or_refuses():
+    ws = plan.plan(_gpu_topo("workstation-1gpu"), "gpu")  # -1 on a one-node desktop: that node
+    assert [(i.numa_nodes, i.cores) for i in ws.instances] == [((0,), 8)]
+    assert "no UUID known" in " ".join(ws.notes)
+    t = _gpu_topo("two-socket-gpu-no-node")
+    with pytest.raises(UsageError, match=r"0000:c1:00.0: the firmware reports no NUMA node \(-1\) and its local CPUs "
+                                         r"0-15 span nodes 0-1: its node is unknown"):
+        plan.plan(t, "gpu")
+    known = replace(t, devices=tuple(d for d in t.devices if d.address != "0000:c1:00.0"))
+    p = plan.plan(known, "gpu")  # 81:00.0: node -1 in sysfs, local CPUs of node 0 (hwloc hangs it there)
+    assert [(i.gpu, i.numa_nodes, i.cores) for i in p.instances] == [("0000:81:00.0", (0,), 8), ("0000:07:00.0", (1,), 8)]
+
+
+def test_policy_gpu_without_gpus_is_one_error(topo, cli):
+    with pytest.raises(UsageError, match="--policy gpu: no GPU in this topology"):
+        plan.plan(topo("epyc7713x2"), "gpu")
+    cp = cli("plan", "--topology", str(FIXTURES / "epyc7713x2.xml"), "--policy", "gpu")
+    assert cp.returncode == 2 and cp.stderr.startswith("Error: --policy gpu: no GPU in this topology")
+    assert len(cp.stderr.strip().splitlines()) == 1
+
+
+def test_auto_considers_gpus_when_the_workload_can_use_them(topo):
+    t = _gpu_topo("g4dn-metal")
+    p = plan.plan(t, "auto", hints=plan.AutoHints(uses_gpu=True))
+    assert p.policy == "gpu" and "one tile per GPU" in p.reasons[0]
+    cpu = plan.plan(t, "auto")
+    assert cpu.policy == "win" and "the engine runs on CPUs: GPUs are not planned" in cpu.reasons[0]
+    none = plan.plan(topo("epyc7713x2"), "auto", hints=plan.AutoHints(uses_gpu=True))
+    assert none.policy != "gpu" and "has none: CPU tiles" in none.reasons[0]
+
+
+def test_gpu_tile_binding_env_and_verification(tmp_path):
+    from tilewise import binding, verification
+
+    inst = plan.plan(_gpu_topo("g4dn-metal"), "gpu").instances[5]
+    b = binding.Binding.from_instance(inst)
+    assert b.gpu == "GPU-84bc1679-aa5f-9954-5afe-8c689c01ec13" and "GPU GPU-84bc" in b.describe()
+    env = binding.child_env(b, {"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/bin"})
+    assert env["CUDA_VISIBLE_DEVICES"] == b.gpu and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "environ").write_bytes(b"PATH=/bin\0CUDA_VISIBLE_DEVICES=" + b.gpu.encode() + b"\0")
+    check = verification.check_gpu
+    assert check(42, b.gpu, str(proc), nvml=lambda pid: ([b.gpu], "NVML")).state == verification.VERIFIED
+    assert check(42, b.gpu, str(proc), nvml=lambda pid: (["GPU-other"], "NVML")).state == verification.MISMATCH
+    assert "no CUDA context" in check(42, b.gpu, str(proc), nvml=lambda pid: ([], "NVML")).detail
+    none = check(42, b.gpu, str(proc), nvml=lambda pid: (None, "no NVIDIA driver"))
+    assert none.state == verification.NOT_CHECKABLE and "verified; which GPU it runs on: no NVIDIA driver" in none.detail
+    assert check(42, "GPU-x", str(proc), nvml=lambda pid: ([b.gpu], "NVML")).state == verification.MISMATCH
+
+
+def test_policy_gpu_on_hwloc_test_suite_exports():
+    p8 = plan.plan(_gpu_topo("power8-4gpu"), "gpu", smt=True)  # 2 P100 per node, 4 cores SMT2 per node
+    assert [(i.numa_nodes, i.cores, i.cpus) for i in p8.instances[:2]] == [((0,), 2, (0, 1, 8, 9)), ((0,), 2, (16, 17, 24, 25))]
+    dgx = plan.plan(_gpu_topo("nvidia-dgx2"), "gpu")  # 8 V100 per node, 2 cores per node in this file
+    assert len(dgx.instances) == 16 and [i.cpus for i in dgx.instances[:3]] == [(0,), (1,), (0,)]
+    assert [i.cpus for i in dgx.instances[8:10]] == [(24,), (25,)]
+    assert "node 0 has 8 GPUs but 2 usable core(s): tiles share cores" in " ".join(dgx.notes)
+
+
+def test_plan_cli_gpu_tiles_and_the_unknown_node_refusal(cli):
+    doc = json.loads(cli("plan", "--topology", str(GPU_FIX / "g4dn-metal.xml"), "--policy", "gpu", "--json").stdout)
+    assert doc["policy"] == "gpu" and [i["gpu"] for i in doc["instances"]][:2] == ["0000:18:00.0", "0000:19:00.0"]
+    assert doc["instances"][0]["gpu_uuid"] == "GPU-029490c8-a116-638b-7018-1a6b7a9002ef"
+    cp = cli("plan", "--topology", str(GPU_FIX / "two-socket-gpu-no-node.xml"), "--policy", "gpu")
+    assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1
+    assert "0000:c1:00.0: the firmware reports no NUMA node (-1) and its local CPUs 0-15 span nodes 0-1" in cp.stderr
+
+
+def test_policy_gpu_skips_gpus_whose_node_has_no_allowed_core():
+    t = _gpu_topo("g4dn-metal")
+    p = plan.plan(replace(t, allowed_cpus=tuple(range(24, 48))), "gpu")  # a container on node 1 only
+    assert [i.gpu for i in p.instances] == [g.address for g in t.gpus[4:]]
+    assert any("no usable core there" in n for n in p.notes)
+    two = _gpu_topo("power8-4gpu")
+    with pytest.raises(UsageError, match="have no usable core here"):
+        plan.plan(replace(two, devices=two.gpus[:2], allowed_cpus=(80, 81)), "gpu")

@@ -66,3 +66,12 @@ def test_missing_attribute_is_one_line(tmp_path, monkeypatch):
     reg = Registry("thing", "tilewise.testkinds", {})
     with pytest.raises(TilewiseError, match="has no NOPE in extpkg"):
         reg.get("ext")
+
+
+def test_entries_are_read_once_until_refreshed(tmp_path, monkeypatch):
+    reg = Registry("thing", "tilewise.testkinds", {})
+    assert reg.names() == []
+    _plugin(tmp_path, monkeypatch)
+    assert reg.names() == []  # read once per registry: a plug-in installed later needs refresh()
+    reg.refresh()
+    assert reg.names() == ["ext"]

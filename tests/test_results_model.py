@@ -134,7 +134,7 @@ def _tpch_doc(times: dict[str, list[float]] | None = None, **extra) -> dict:
     times = times if times is not None else {"wim": [1.0, 1.2], "wic": [0.5, 0.6]}
     pols = {}
     for name, ts in times.items():
-        q = {"times_s": ts, "rows": 1, "valid": True, **report.query_stats(ts)}
+        q = {"times_s": ts, "rows": 1, "valid": True, **stats.query_stats(ts)}
         pols[name] = {"policy": name, "instances": [{}], "run_wall_s": ts, "queries": {"q1": q}, "complete": bool(ts)}
     doc = {"format": model.FORMAT, "version": model.VERSION, "kind": "tpch", "meta": {"command": "x"},
            "interrupted": False, "complete": True, "environment": {}, "params": {"engine": "duckdb", "sf": 1, "streams": 1,
@@ -270,6 +270,20 @@ def test_topology_model_does_not_import_its_renderer_and_engines_do_not_import_b
     for p in (SRC / "engines").glob("*.py"):
         assert not any(m.startswith("tilewise.bench") for m in _imports(p)), p.name
     assert not any(m.startswith("tilewise.cli") for m in _imports(SRC / "results" / "report.py"))
+
+
+def test_the_reporting_module_only_dispatches_and_compares():
+    """No result kind is named in results/report.py: what a kind shows is its own module's."""
+    from tilewise.results import kinds
+
+    tree = ast.parse((SRC / "results" / "report.py").read_text())
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not literals & set(kinds.names())
+    for name in kinds.names():  # and no kind module reaches into another (or into report)
+        mod = kinds.REGISTRY.entry(name).target.split(":")[0]
+        path = SRC.parent / (mod.replace(".", "/") + ".py")
+        own = _imports(path) - {"tilewise.results.kinds.Kind"}
+        assert not {m for m in own if m.startswith(("tilewise.results.kinds.", "tilewise.results.report"))}, path
 
 
 # ---- golden output (pyperf's way: the CLI against checked-in result files) ------------------------

@@ -8,13 +8,13 @@ import pytest
 
 from tilewise.bench import tpch
 from tilewise.errors import UsageError
-from tilewise.results import model, report
+from tilewise.results import model, report, stats
 from tilewise.results.output import Writer
 
 
 def _doc():
     def q(times, valid=True):
-        return {"times_s": times, "rows": 1, "valid": valid, **report.query_stats(times)}
+        return {"times_s": times, "rows": 1, "valid": valid, **stats.query_stats(times)}
 
     return {
         "format": model.FORMAT, "version": model.VERSION, "kind": "tpch", "meta": {"command": "tilewise bench tpch"},
@@ -31,7 +31,7 @@ def _doc():
 
 
 def test_summary_baseline_is_first_policy():
-    s = report.tpch_summary(_doc())
+    s = report.prepare(_doc())["summary"]
     assert s["wim"]["total_s"] == 4.0 and s["wim"]["geomean_speedup_vs_baseline"] == pytest.approx(1.0)
     assert s["wic"]["geomean_speedup_vs_baseline"] == pytest.approx((2.0 * 4.0) ** 0.5)
     assert s["wic"]["throughput_speedup_vs_baseline"] == pytest.approx(2.0)
@@ -55,14 +55,14 @@ def test_table_marks_wrong_answers():
 
     buf = io.StringIO()
     doc = _doc()
-    doc["summary"] = report.tpch_summary(doc)
+    report.prepare(doc)
     report.render(doc, Console(file=buf, width=150, no_color=True))
     text = buf.getvalue()
     assert "WRONG" in text and "wim" in text and "4.000" in text
 
 
 def test_one_run_has_no_stdev_and_no_interval():
-    s = report.query_stats([1.5])
+    s = stats.query_stats([1.5])
     assert s["n"] == 1 and s["stdev_s"] is None and s["ci95_s"] is None and s["median_s"] == 1.5
 
 

@@ -2,7 +2,8 @@
 
 Scale-out (paper 000, section V) sends every exchange between hosts through one NIC; the processes
 that talk to other hosts most (the coordinator, the master, the driver) run best on the NUMA node
-the NIC is attached to. This module finds that node (sysfs ``class/net/<if>/device/numa_node``)
+the NIC is attached to. This module finds that node (the topology model's NICs: tilewise.topology.pci,
+read from sysfs or hwloc XML; an interface outside them by ``class/net/<if>/device/numa_node``)
 and places a cluster's coordinator on the plan instance local to it. It does not change a policy's
 instances (plan.py owns policies); it only chooses among them.
 """
@@ -12,17 +13,27 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.plan import Instance, Plan
+from tilewise.topology import pci
+from tilewise.topology.pci import PciDevice
 
 
-def nic_numa_node(ifname: str, sysfs: str | os.PathLike = "/sys") -> int | None:
+def nic_numa_node(ifname: str, sysfs: str | os.PathLike = "/sys", devices: Sequence[PciDevice] | None = None
+                  ) -> int | None:
     """The NUMA node of a network interface's device; None for virtual interfaces (lo, veth, bridges)
-    and for devices the firmware does not attach to a node (numa_node = -1)."""
+    and for devices the firmware does not attach to a node (numa_node = -1).
+
+    The device model's NICs (a topology's devices, or sysfs's PCI devices) name their interfaces;
+    an interface no PCI NIC names (a bond, a device outside PCI) is looked up by its device link."""
     if not ifname or "/" in ifname or ifname in (".", ".."):
         return None
+    for d in devices if devices is not None else pci.read_sysfs(sysfs, kinds=("nic",)):
+        if ifname in d.os_devices:
+            return d.numa_node
     path = Path(sysfs) / "class" / "net" / ifname / "device" / "numa_node"
     try:
         node = int(path.read_text().strip())
@@ -109,8 +120,8 @@ def nic_local_first(plan: Plan, nic_node: int | None) -> tuple[int, ...]:
     return tuple(sorted(ids, key=lambda k: (nic_node not in plan.instances[ids.index(k)].numa_nodes, k)))
 
 
-def detect(address: str | None, *, sysfs: str | os.PathLike = "/sys", if_addrs: dict | None = None
-           ) -> tuple[str | None, int | None]:
+def detect(address: str | None, *, sysfs: str | os.PathLike = "/sys", if_addrs: dict | None = None,
+           devices: Sequence[PciDevice] | None = None) -> tuple[str | None, int | None]:
     """(interface, its NUMA node) for traffic from/to address: a local address (the one we bind)
     or a remote one (the coordinator we join). Loopback or unknown: (None or 'lo', None)."""
     if not address or is_loopback(address):
@@ -119,4 +130,4 @@ def detect(address: str | None, *, sysfs: str | os.PathLike = "/sys", if_addrs: 
     if ifname is None:
         src = source_address(address)
         ifname = interface_of_address(src, if_addrs) if src else None
-    return ifname, (nic_numa_node(ifname, sysfs) if ifname else None)
+    return ifname, (nic_numa_node(ifname, sysfs, devices) if ifname else None)

@@ -34,9 +34,22 @@ class Registry(Generic[T]):
         self.builtin = dict(builtin)
         self.attr = attr
         self._loaded: dict[str, T] = {}
+        self._entries: list[Entry] | None = None
 
     def entries(self) -> list[Entry]:
-        """Built-in entries first (in their listed order), then entry points sorted by name."""
+        """Built-in entries first (in their listed order), then entry points sorted by name. The
+        installed packages' entry points are read once per registry (that takes tens of ms, and a
+        registry is consulted for every document, query or command line)."""
+        if self._entries is None:
+            self._entries = self._read_entries()
+        return self._entries
+
+    def refresh(self) -> None:
+        """Forget what was read and loaded (after installing or removing a plug-in in-process)."""
+        self._entries = None
+        self._loaded.clear()
+
+    def _read_entries(self) -> list[Entry]:
         out = [Entry(n, t, "built-in") for n, t in self.builtin.items()]
         seen = set(self.builtin)
         external = []

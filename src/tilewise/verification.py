@@ -10,13 +10,14 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from tilewise import allocators, cpulist, procs
+from tilewise import allocators, cpulist, devices, procs
 from tilewise.binding import NEEDS_NODES, Binding
 from tilewise.errors import TilewiseError
 
 # How /proc/PID/numa_maps names each policy (kernel mpol_to_str)
 NUMA_MAPS_NAME = {"first-touch": "default", "preferred": "prefer", "membind": "bind",
-                  "interleave": "interleave", "local": "local", "weighted-interleave": "weighted interleave"}
+                  "interleave": "interleave", "local": "local", "weighted-interleave": "weighted interleave",
+                  "preferred-many": "prefer (many)"}
 
 VERIFIED, MISMATCH, NOT_CHECKABLE = "verified", "mismatch", "not checkable"
 
@@ -97,8 +98,25 @@ def parse_policy(text: str) -> tuple[str, tuple[int, ...] | None]:
 
 
 def _policy_field(parts: list[str]) -> str:
-    """The policy column of a numa_maps line; Linux 6.9+ writes "weighted interleave:0-1" (two words)."""
-    return f"{parts[1]} {parts[2]}" if parts[1] == "weighted" and len(parts) >= 3 else parts[1]
+    """The policy column of a numa_maps line; two words for "weighted interleave:0-1" (Linux 6.9+) and
+    "prefer (many):0,2" (MPOL_PREFERRED_MANY, 5.15+)."""
+    if len(parts) >= 3 and (parts[1] == "weighted" or (parts[1] == "prefer" and parts[2].startswith("(many)"))):
+        return f"{parts[1]} {parts[2]}"
+    return parts[1]
+
+
+def pages_per_node(pid: int, proc: str = "/proc") -> dict[int, int]:
+    """Where a process's pages are: the N<node>=<pages> counts of /proc/PID/numa_maps, summed (pages of
+    each mapping's own size). OSError when it cannot be read."""
+    out: Counter = Counter()
+    with open(f"{proc}/{pid}/numa_maps") as f:
+        for line in f:
+            for word in line.split()[2:]:
+                if word.startswith("N") and "=" in word:
+                    node, _, count = word[1:].partition("=")
+                    if node.isdigit() and count.isdigit():
+                        out[int(node)] += int(count)
+    return dict(sorted(out.items()))
 
 
 def read_task_policy(pid: int, proc: str = "/proc") -> str:
@@ -158,7 +176,31 @@ def verify(pid: int, b: Binding, *, allocator_wait_s: float = 0.5, proc: str = "
         v.checks["allocator"] = _check_allocator(pid, b, lib, v, allocator_wait_s, proc)
     else:
         v.notes.append(f"allocator {b.allocator}: nothing preloaded, nothing to check")
+    if b.gpu:
+        v.checks["gpu"] = check_gpu(pid, b.gpu, proc)
     return v
+
+
+def check_gpu(pid: int, uuid: str, proc: str = "/proc", nvml=None) -> Check:
+    """A GPU tile's process: its environment shows only its GPU, and, where NVML is present and the
+    process has a CUDA context, NVML sees it on that GPU and no other. nvml: devices.process_gpus."""
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    except OSError as e:
+        return Check(NOT_CHECKABLE, uuid, None, f"environ unreadable ({e.strerror or e})")
+    seen = env.get(b"CUDA_VISIBLE_DEVICES", b"").decode(errors="replace")
+    if seen != uuid:
+        return Check(MISMATCH, uuid, f"CUDA_VISIBLE_DEVICES={seen or '(unset)'}")
+    on, why = (nvml or devices.process_gpus)(pid)
+    if on is None:
+        return Check(NOT_CHECKABLE, uuid, None, f"CUDA_VISIBLE_DEVICES={uuid} verified; which GPU it runs on: {why}")
+    if not on:
+        return Check(NOT_CHECKABLE, uuid, None, f"CUDA_VISIBLE_DEVICES={uuid} verified; NVML sees no CUDA context "
+                                                "of this process yet")
+    if on == [uuid]:
+        return Check(VERIFIED, uuid, f"NVML: running on {uuid}")
+    return Check(MISMATCH, uuid, f"NVML: running on {', '.join(on)}")
 
 
 def _check_memory(pid: int, b: Binding, want: str, v: Verification, st: dict, proc: str) -> Check:

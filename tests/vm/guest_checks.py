@@ -473,6 +473,69 @@ def check_probes() -> dict:
                *(["--cpus", cpus] if cpus else []), "--json", timeout=600)
 
 
+def check_hmat() -> dict:
+    """The firmware figures and memory tiers as the kernel shows them (raw files), as tilewise reads
+    them (topology.firmware), and as real hwloc reads them (lstopo --memattrs)."""
+    raw: dict = {}
+    for nd in sorted(SYS.glob("node/node[0-9]*"), key=lambda p: int(p.name[4:])):
+        for acc in sorted(nd.glob("access*")):
+            d = acc / "initiators"
+            raw[f"{nd.name}/{acc.name}"] = {
+                "initiators": sorted(x.name for x in d.glob("node*")),
+                **{f: _read(d / f) for f in ("read_latency", "write_latency", "read_bandwidth", "write_bandwidth")}}
+    tiers = {t.name: _read(t / "nodelist") for t in Path("/sys/devices/virtual/memory_tiering").glob("memory_tier*")}
+    from tilewise.topology import firmware
+
+    mem = subprocess.run(["lstopo-no-graphics", "--memattrs"], capture_output=True, text=True)
+    return {"raw": raw, "tiers": tiers, "tilewise": firmware.read().to_json(), "lstopo_memattrs": mem.stdout,
+            "lstopo_rc": mem.returncode}
+
+
+def check_memprobe() -> dict:
+    """`probe memory` over every initiator x target (values are the emulator's: only coverage and
+    placement are checked); and tw_memory told to put its buffer elsewhere than its target (a test
+    hook) must refuse the cell after its page check."""
+    out: dict = {}
+    out["matrix"] = cli("probe", "memory", "--size", "64MiB", "--reps", "2", "--min-ms", "2", "--tests",
+                        "latency,read_seq,write_nt", "--json", "--out", str(WORK / "memory"), timeout=900)
+    tool = os.environ.get("TILEWISE_BIN_DIR") or str(HERE.parents[1] / "src" / "tilewise" / "_bin")
+    nodes = sorted(int(p.name[4:]) for p in SYS.glob("node/node[0-9]*"))
+    cp = subprocess.run([str(Path(tool) / "tw_memory"), "--target", str(nodes[-1]), "--misplace", str(nodes[0]),
+                         "--size", str(8 << 20), "--tests", "latency", "--reps", "2", "--min-ms", "1"],
+                        capture_output=True, text=True, timeout=300)
+    out["misplaced"] = {"rc": cp.returncode, "stdout": cp.stdout, "stderr": cp.stderr[-2000:],
+                        "target": nodes[-1], "bound": nodes[0]}
+    return out
+
+
+def _free_mib(node: int) -> int:
+    m = re.search(r"MemFree:\s+(\d+) kB", _read(SYS / f"node/node{node}/meminfo"))
+    return int(m.group(1)) // 1024 if m else 0
+
+
+def check_tiers() -> dict:
+    """Placement by tier on the last node with CPUs: plans (near-then-far, weighted interleave with auto
+    weights from the firmware's figures), then `exec --mem near-then-far` touching more than its near
+    node has free: the rest must land on its far node; `--mem weighted-interleave --weights auto`
+    refused in one line by a kernel before 6.9 (before any weight is written)."""
+    out: dict = {}
+    last = len(_cpu_nodes()) - 1
+    out["plan_ntf"] = cli_here("plan", "--policy", "win", "--mem", "near-then-far", "--json")
+    out["plan_weighted"] = cli_here("plan", "--policy", "win", "--mem", "weighted-interleave", "--weights", "auto", "--json")
+    far = next((i["far_nodes"] for i in (out["plan_ntf"]["json"] or {}).get("instances", []) if i["id"] == last), [])
+    near = _cpu_nodes()[last]
+    out["near"], out["far"] = near, far
+    out["free_before_mib"] = {n: _free_mib(n) for n in [near, *far]}
+    mib = out["free_before_mib"][near] + (min(48, out["free_before_mib"][far[0]] // 2) if far else 0)
+    out["touched_mib"] = mib
+    out["exec_ntf"] = touch("ntf", ["--policy", "win", "--instance", str(last), "--mem", "near-then-far"], mib)
+    out["exec_weighted"] = cli("exec", "--policy", "win", "--instance", str(last), "--mem", "weighted-interleave",
+                               "--weights", "auto", "--", "true")
+    wdir = Path("/sys/kernel/mm/mempolicy/weighted_interleave")
+    out["weights_after"] = {p.name: _read(p) for p in wdir.glob("node*")} if wdir.is_dir() else None
+    return out
+
+
 def check_pytest() -> dict:
     """The host suite's tests that read the machine they run on (argv after --pytest)."""
     args = json.loads(os.environ.get("TILEWISE_GUEST_PYTEST", "[]"))
@@ -484,7 +547,8 @@ def check_pytest() -> dict:
 
 CHECKS = {"sysfs": check_sysfs, "topo": check_topo, "plan": check_plan, "exec": check_exec, "bench": check_bench,
           "elastic": check_elastic, "up": check_up, "cgroup": check_cgroup, "cgroup_inplace": check_cgroup_inplace,
-          "probes": check_probes, "pytest": check_pytest}
+          "probes": check_probes, "pytest": check_pytest, "hmat": check_hmat, "memprobe": check_memprobe,
+          "tiers": check_tiers}
 
 
 def main(argv: list[str]) -> int:

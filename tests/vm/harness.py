@@ -80,6 +80,26 @@ class VMPathError(VMError):
 class Node:
     mem_mib: int
     cpus: tuple[int, ...] = ()  # empty: a CPU-less memory node (CXL-like tier)
+    initiator: int | None = None  # with HMAT: the node whose CPUs are nearest to this CPU-less node
+
+
+@dataclass(frozen=True)
+class Hmat:
+    """One firmware (ACPI HMAT) figure of the path from the CPUs of node ``initiator`` to the memory of
+    node ``target``: QEMU's ``-numa hmat-lb,...,hierarchy=memory``. ``data_type`` is QEMU's:
+    access-latency, read-latency, write-latency (``value`` in ns) or access-bandwidth,
+    read-bandwidth, write-bandwidth (``value`` in MiB/s, passed as ``<value>M``)."""
+
+    initiator: int
+    target: int
+    data_type: str
+    value: int
+
+    TYPES = ("access-latency", "read-latency", "write-latency", "access-bandwidth", "read-bandwidth", "write-bandwidth")
+
+    def arg(self) -> str:
+        v = f"latency={self.value}" if self.data_type.endswith("latency") else f"bandwidth={self.value}M"
+        return f"hmat-lb,initiator={self.initiator},target={self.target},hierarchy=memory,data-type={self.data_type},{v}"
 
 
 @dataclass(frozen=True)
@@ -97,6 +117,7 @@ class GuestTopology:
     cgroup: str = "v1"  # v1: cpuset (and the other v1 controllers) as on the host; v2: cgroup2 only
     mem_mib: int = 1024  # total memory when nodes is empty
     description: str = ""
+    hmat: tuple[Hmat, ...] = ()  # firmware memory figures (-machine hmat=on); empty: no HMAT
 
     @property
     def ncpus(self) -> int:
@@ -148,6 +169,17 @@ class GuestTopology:
             for core in self.core_groups():  # a core (its SMT threads) lives in one node
                 if len({i for i, n in enumerate(self.nodes) if set(core) & set(n.cpus)}) != 1:
                     raise ValueError(f"{self.name}: the threads of core {core} are in different nodes")
+        if self.hmat:
+            ids = range(len(self.nodes))
+            for i, n in enumerate(self.nodes):
+                if not n.cpus and n.initiator is None:
+                    raise ValueError(f"{self.name}: with HMAT, CPU-less node {i} needs its initiator")
+                if n.initiator is not None and (n.initiator not in ids or not self.nodes[n.initiator].cpus):
+                    raise ValueError(f"{self.name}: node {i}'s initiator {n.initiator} is not a node with CPUs")
+            for h in self.hmat:
+                if h.data_type not in Hmat.TYPES or h.target not in ids or h.initiator not in ids \
+                        or not self.nodes[h.initiator].cpus or h.value < 1:
+                    raise ValueError(f"{self.name}: bad HMAT entry {h}")
         if self.distances is not None:
             k = max(1, len(self.nodes))
             if len(self.distances) != k or any(len(r) != k for r in self.distances):
@@ -159,7 +191,9 @@ class GuestTopology:
     @classmethod
     def from_dict(cls, d: dict) -> GuestTopology:
         d = dict(d)
-        d["nodes"] = tuple(Node(int(n["mem_mib"]), tuple(n.get("cpus", ()))) for n in d.get("nodes", ()))
+        d["nodes"] = tuple(Node(int(n["mem_mib"]), tuple(n.get("cpus", ())), n.get("initiator"))
+                           for n in d.get("nodes", ()))
+        d["hmat"] = tuple(Hmat(**h) for h in d.get("hmat", ()))
         if d.get("distances") is not None:
             d["distances"] = tuple(tuple(r) for r in d["distances"])
         return cls(**d)
@@ -177,12 +211,16 @@ def qemu_topology_args(t: GuestTopology) -> list[str]:
         spec = f"node,nodeid={i},memdev=mem{i}"
         for r in cpulist.format(n.cpus).split(",") if n.cpus else ():
             spec += f",cpus={r}"  # one cpus= per range
+        if t.hmat:  # QEMU wants every node's initiator with hmat=on: a CPU node is its own
+            spec += f",initiator={i if n.cpus else n.initiator}"
         args += ["-numa", spec]
     if t.nodes and t.distances is not None:
         for i, row in enumerate(t.distances):
             for j, v in enumerate(row):
                 if i != j:
                     args += ["-numa", f"dist,src={i},dst={j},val={v}"]
+    for h in t.hmat:  # after the node options, as QEMU requires
+        args += ["-numa", h.arg()]
     return args
 
 
@@ -679,7 +717,7 @@ def qemu_command(t: GuestTopology, *, kernel: Path, initrd: Path, out_dir: Path,
     accel_arg = "tcg,thread=multi" if accel == "tcg" else "kvm"
     return [
         QEMU, "-nodefaults", "-no-user-config", "-no-reboot", "-display", "none",
-        "-machine", "q35", "-accel", accel_arg, "-cpu", cpu,
+        "-machine", "q35,hmat=on" if t.hmat else "q35", "-accel", accel_arg, "-cpu", cpu,
         *qemu_topology_args(t),
         "-kernel", str(kernel), "-initrd", str(initrd), "-append", append,
         "-chardev", f"file,id=con,path={out_dir / 'console'}",

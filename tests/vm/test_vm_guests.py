@@ -38,6 +38,7 @@ CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the 
     "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace"],
     "smt": ["sysfs", "topo", "plan", "exec"],
     "single-node": ["sysfs", "topo", "plan", "exec"],
+    "hmat-tiers": ["sysfs", "topo", "hmat", "memprobe", "tiers"],
 }
 BENCH_ARGS = ("--sf", "0.01", "--runs", "1", "--no-warmup", "--no-plots", "--tests", "power")
 PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
@@ -66,7 +67,7 @@ class Guests:
             return
         env = {}
         chosen = self.selected()
-        if any("probes" in c for c in chosen.values()):
+        if any("probes" in c or "memprobe" in c for c in chosen.values()):
             native = harness.portable_native_bin(REPO)
             if native is not None:
                 env["TILEWISE_BIN_DIR"] = str(native)
@@ -544,3 +545,117 @@ def test_cgroup2_constrains_a_service_group_in_place_and_restore_undoes_a_killed
     assert [j["state"] for j in restored["journals"]] == ["restored"], restored
     final = r["after_restore"]
     assert final["cpus"] in ("", whole) and final["affinity"] == before["affinity"], final
+
+
+# ---- memory tiers: firmware figures (HMAT) and the memory matrix ------------------------------------
+
+def booted_best(t: harness.GuestTopology) -> dict[int, dict]:
+    """Per target node, what the kernel should show in access0/access1: the initiators with the best
+    read latency among those the firmware gives, and their four figures."""
+    figs: dict[tuple[int, int], dict[str, int]] = {}
+    for h in t.hmat:
+        figs.setdefault((h.initiator, h.target), {})[h.data_type.replace("-", "_")] = h.value
+    out = {}
+    for target in range(len(t.nodes)):
+        paths = {i: f for (i, tg), f in figs.items() if tg == target}
+        best = min(f["read_latency"] for f in paths.values())
+        inits = sorted(i for i, f in paths.items() if f["read_latency"] == best)
+        out[target] = {"initiators": inits, **paths[inits[0]]}
+    return out
+
+
+@pytest.mark.parametrize("name", guests_with("hmat"))
+def test_hmat_figures_as_booted(guests, name):
+    """Every node's access0/access1 figures (raw sysfs, tilewise's reader, real lstopo --memattrs)
+    are those the guest was booted with; the kernel's tiers are read as it shows them."""
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "hmat")
+    want = booted_best(t)
+    for target, w in want.items():
+        for acc in ("access0", "access1"):
+            raw = r["raw"][f"node{target}/{acc}"]
+            assert raw["initiators"] == [f"node{i}" for i in w["initiators"]], (target, acc, raw)
+            for f in ("read_latency", "write_latency", "read_bandwidth", "write_bandwidth"):
+                assert int(raw[f]) == w[f], (target, acc, f, raw)
+            mine = next(a for a in r["tilewise"]["hmat"] if a["target"] == target and a["access"] == acc)
+            assert mine["initiators"] == w["initiators"] and all(mine[f] == w[f] for f in
+                                                                 ("read_latency", "write_latency", "read_bandwidth",
+                                                                  "write_bandwidth")), mine
+    # real hwloc reads the same figures (its NUMANode L# are logical: match by the value sets)
+    assert r["lstopo_rc"] == 0
+    text = r["lstopo_memattrs"]
+    for attr, f in (("ReadBandwidth", "read_bandwidth"), ("WriteLatency", "write_latency")):
+        block = text.split(f"name `{attr}'")[1].split("Memory attribute")[0]
+        got = sorted(int(x) for x in re.findall(r"= (\d+) from", block))
+        assert got == sorted(w[f] for w in want.values()), (attr, block)
+    # the kernel's tiers: all of memory in tier 4 on 6.1 (HMAT-derived tiers came later), read as shown
+    assert {x["id"]: x["nodes"] for x in r["tilewise"]["tiers"]} == {
+        int(k.removeprefix("memory_tier")): list(cpulist_parse(v)) for k, v in r["tiers"].items()}
+    assert r["tiers"], "the 6.1 guest kernel has memory tiers"
+
+
+@pytest.mark.parametrize("name", guests_with("memprobe"))
+def test_probe_memory_covers_every_initiator_and_target(guests, name):
+    """Every node with CPUs x every node with memory is a measured cell, with every page of its buffer
+    on the target (checked before and after) and bound there; the figures are marked as the
+    emulator's under TCG. A buffer bound elsewhere than its target is refused, not measured."""
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "memprobe")
+    doc = ok(r["matrix"])
+    cpu_nodes = [i for i, n in enumerate(t.nodes) if n.cpus]
+    assert [i["node"] for i in doc["initiators"]] == cpu_nodes
+    assert doc["targets"] == list(range(len(t.nodes)))
+    cells = {(c["initiator"], c["target"]): c for c in doc["cells"]}
+    assert set(cells) == {(f"node {i}", tg) for i in cpu_nodes for tg in range(len(t.nodes))}
+    for (ini, tg), c in cells.items():
+        assert c["status"] == "measured", c
+        for when in ("before", "after"):
+            p = c["placement"][when]
+            assert p["on_target"] == p["pages"] > 0 and not p["elsewhere"] and p["missing"] == 0, (ini, tg, p)
+            assert p["policy"] == f"bind:{tg}", p
+        assert set(c["results"]) == {"latency", "read_seq", "write_nt"}
+    guest_accel = guests.times[name].accel
+    if guest_accel == "tcg":
+        assert doc["emulated"] and "TCG" in doc["emulated"], doc["emulated"]
+        assert any("emulator" in w for w in doc["warnings"]), doc["warnings"]
+    mis = r["misplaced"]
+    assert mis["rc"] == 0 and "not_measured" in mis["stdout"] and "result " not in mis["stdout"], mis
+    assert f"not on node {mis['target']} (elsewhere: {mis['bound']}:" in mis["stdout"], mis["stdout"]
+
+
+@pytest.mark.parametrize("name", guests_with("tiers"))
+def test_placement_by_tier(guests, name):
+    """Each socket's instance gets the CPU-less node the firmware puts nearest to it as its far tier;
+    auto weights come from the firmware's read bandwidth (the guest's own measurements would be the
+    emulator's); near-then-far fills the near node, then the far one; weighted interleave is refused
+    in one line where the kernel lacks it, before any weight is written."""
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "tiers")
+    want_far = {i: [k for k, n in enumerate(t.nodes) if not n.cpus and n.initiator == i] for i, n in enumerate(t.nodes) if n.cpus}
+    plan_ntf = ok(r["plan_ntf"])
+    for inst in plan_ntf["instances"]:
+        node = inst["numa_nodes"][0]
+        assert inst["far_nodes"] == want_far[node], inst
+        assert inst["mem_policy"] == "preferred-many" and inst["mem_nodes"] == [node, *want_far[node]]
+        assert "firmware (HMAT)" in inst["mem_reason"], inst["mem_reason"]
+    best = booted_best(t)
+    for inst in ok(r["plan_weighted"])["instances"]:
+        node, far = inst["numa_nodes"][0], want_far[inst["numa_nodes"][0]][0]
+        ratio = best[node]["read_bandwidth"] / best[far]["read_bandwidth"]
+        w = {int(k): v for k, v in inst["weights"].items()}
+        assert set(w) == {node, far} and abs(w[node] / w[far] - ratio) <= 0.05 * ratio, (w, ratio)
+        assert "firmware's read bandwidth" in inst["mem_reason"], inst["mem_reason"]
+    # near, then far: the near node fills, the rest is on the far node, nothing elsewhere
+    near, far = r["near"], r["far"][0]
+    p = pages(r["exec_ntf"])
+    total = r["exec_ntf"]["touch"]["total_pages"]
+    assert set(p) <= {near, far} and sum(p.values()) == total, p
+    assert p.get(far, 0) > 0 and p[near] > p[far], (p, r["free_before_mib"], r["touched_mib"])
+    assert r["exec_ntf"]["json"]["verification"]["checks"]["memory"]["got"].startswith("prefer (many):"), r["exec_ntf"]["json"]
+    w = r["exec_weighted"]
+    if guests.check(name, "sysfs")["weighted_interleave_sysfs"]:
+        assert w["rc"] == 0, w["stderr"]
+    else:
+        assert w["rc"] == 1 and w["stderr"].startswith("Error: memory policy weighted-interleave is not supported by "
+                                                      "this kernel") and "6.9" in w["stderr"], w["stderr"]
+        assert w["stderr"].count("\n") == 1 and r["weights_after"] is None

@@ -7,9 +7,9 @@ CPU numbering follows QEMU: threads fastest, then cores, dies, sockets. With
 from __future__ import annotations
 
 try:
-    from .harness import GuestTopology, Node
+    from .harness import GuestTopology, Hmat, Node
 except ImportError:  # run as a script from tests/vm
-    from harness import GuestTopology, Node
+    from harness import GuestTopology, Hmat, Node
 
 TOPOLOGIES: dict[str, GuestTopology] = {}
 
@@ -68,4 +68,34 @@ CGROUP2 = _add(GuestTopology(
     nodes=(Node(640, (0, 1)), Node(640, (2, 3))),
     distances=((10, 21), (21, 10)), cgroup="v2",
     description="cgroup2-only guest, 2 nodes x 2 cores",
+))
+
+
+def _hmat_figures() -> tuple[Hmat, ...]:
+    """Firmware figures of hmat-tiers (ns, MiB/s): DRAM 80 ns / 20000 local, 140 ns / 10000 across
+    sockets; each CPU-less node is read in 250 ns at 8000 from its own socket and written slower
+    (asymmetric: 300 ns, 4000), and is 100 ns and half the bandwidth further from the other socket.
+    Every pair gets all four read/write figures: a figure left out of one of QEMU's tables is a 0 there,
+    which the kernel takes as the best."""
+    out: list[Hmat] = []
+    for i in (0, 1):
+        for t in range(4):
+            if t < 2:
+                rl, wl, rb, wb = (80, 80, 20000, 20000) if i == t else (140, 140, 10000, 10000)
+            else:
+                rl, wl, rb, wb = (250, 300, 8000, 4000) if t - 2 == i else (350, 400, 4000, 2000)
+            out += [Hmat(i, t, "read-latency", rl), Hmat(i, t, "write-latency", wl),
+                    Hmat(i, t, "read-bandwidth", rb), Hmat(i, t, "write-bandwidth", wb)]
+    return tuple(out)
+
+
+# Memory tiers with firmware figures (ACPI HMAT): 2 sockets of 1 core, a node each, and two CPU-less
+# far-memory nodes, node 2 attached to socket 0 and node 3 to socket 1. Small nodes, so that "near
+# full, then far" fills node 1 quickly.
+HMAT_TIERS = _add(GuestTopology(
+    "hmat-tiers", sockets=2, dies=1, cores=1, threads=1,
+    nodes=(Node(512, (0,)), Node(256, (1,)), Node(128, initiator=0), Node(128, initiator=1)),
+    distances=((10, 21, 17, 28), (21, 10, 28, 17), (17, 28, 10, 28), (28, 17, 28, 10)),
+    hmat=_hmat_figures(),
+    description="2 sockets x 1 core, node per socket + 2 CPU-less nodes with HMAT figures (asymmetric read/write)",
 ))

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import stats
 
 GOAL = 0.05
 STRETCH = 0.02
@@ -80,14 +81,12 @@ def schedule(rounds: int, order: str, seed: int = 1) -> list[tuple[str, str]]:
 
 def ratio_ci(plain: list[float], tilewise: list[float]) -> dict:
     """Paired per-round ratios tilewise/plain: geometric mean, 95 % t interval on the logs."""
-    from tilewise.results import stats
-
     if len(plain) != len(tilewise) or not plain:
         raise ValueError("need the same number (>= 1) of plain and tilewise figures")
     logs = [math.log(t / p) for p, t in zip(plain, tilewise)]
-    ci = stats.mean_ci(logs)
-    return {"n": len(logs), "ratios": [math.exp(x) for x in logs], "ratio": math.exp(statistics.fmean(logs)),
-            "ci95": [math.exp(ci[0]), math.exp(ci[1])] if ci else None,
+    d = diff_ci(logs)
+    return {"n": len(logs), "ratios": [math.exp(x) for x in logs], "ratio": math.exp(d["mean"]),
+            "ci95": [math.exp(x) for x in d["ci95"]] if d["ci95"] else None,
             "method": "geometric mean of per-round ratios; 95 % Student-t interval on their logarithms (df = n - 1)"}
 
 
@@ -103,10 +102,9 @@ def verdict(ci: list[float] | None, goal: float) -> str:
 
 
 def diff_ci(xs: list[float]) -> dict:
-    from tilewise.results import stats
-
+    """The mean of paired differences (or log ratios) and its 95 % t interval, never cut at 0."""
     ci = stats.mean_ci(xs)
-    return {"mean": statistics.fmean(xs) if xs else None, "ci95": list(ci) if ci else None}
+    return {"mean": stats.summarize(xs)["mean"], "ci95": list(ci) if ci else None}
 
 
 def pass_figures(queries: dict[str, list[float]], walls: list[float]) -> dict:

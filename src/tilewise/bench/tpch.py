@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import benchmarks, cpulist, topology
+from tilewise import benchmarks, changes, cpulist, topology
+from tilewise.bench import far_memory
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
-from tilewise.binding import ensure_runnable
+from tilewise.binding import ensure_runnable, set_interleave_weights
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model as M
-from tilewise.results import report
+from tilewise.results import stats
 from tilewise.results.output import Writer
 
 TESTS = ("power", "throughput")
@@ -77,6 +78,7 @@ class Config:
     data_seed: int = 0  # seed of the data generator, where it takes one
     inject_wrong: tuple[QueryId, ...] = ()  # test hook: corrupt these queries' answers before validation
     worker_memory: str | None = None  # JVM engines (spark, trino): memory per worker, e.g. 2g
+    mem_variants: tuple[str, ...] = ()  # the far-memory study: near, far, interleave, weighted (bench.far_memory)
 
 
 class Reporter:
@@ -163,7 +165,12 @@ def make_plans(cfg: Config, topo) -> list[tuple[str, object]]:
     from tilewise import plan as planner
 
     plans = []
+    if cfg.mem_variants and cfg.mem:
+        raise UsageError("--mem-variants and --mem cannot be combined", "the variants choose each run's memory policy")
     for label, pol, k in parse_policies(cfg.policies):
+        if cfg.mem_variants:  # the far-memory study: each variant a deployment of its own
+            plans += far_memory.variant_plans(topo, label, pol, k, cfg.smt, far_memory.parse_variants(cfg.mem_variants))
+            continue
         try:
             p = planner.plan(topo, pol, instances=k, mem=cfg.mem, smt=cfg.smt)
         except UsageError as e:
@@ -406,9 +413,8 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "streams": streams, "streams_requested": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
         "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
         "dataset": dataset.to_json(), "benchmark": cfg.benchmark, "query_params": qset.params,
-        "query_seed": qset.seed, "benchmark_title": spec.heading(qset.params),
+        "query_seed": qset.seed, "mem_variants": list(cfg.mem_variants),
     })
-    doc["metric_names"] = [list(n) for n in spec.metrics.names]
     doc.update({
         "requested": {"policies": [label for label, _ in plans], "queries": [f"q{n}" for n in cfg.queries]},
         "completed": {"policies": [], "queries": {}},
@@ -474,7 +480,14 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
                 writer.write(doc)
                 continue
             deployed[key] = label
-            _policy(doc, ctx, engine_cls, label, p, dataset, writer, wrong, replicas)
+            weights = sorted({(n, w) for i in p.instances for n, w in i.weights.items()})
+            # weighted interleave: the weights are global, set for this deployment's run and restored after it
+            with changes.Session(f"bench {label} weights") as session:
+                for line in set_interleave_weights(session, weights) if weights else ():
+                    rep.message(f"{label}: {line}")
+                _policy(doc, ctx, engine_cls, label, p, dataset, writer, wrong, replicas)
+            if cfg.mem_variants:
+                doc["far_memory"] = far_memory.summarize(doc)
     except BaseException as e:
         M.stopped(doc, e)
         raise
@@ -649,7 +662,7 @@ def _queries(rec: dict, ctx: _Ctx, times, warm, rows_of, detail, failed) -> None
         else:
             valid = True
         q = {"times_s": times[n], "warmup_s": warm[n], "rows": rows_of.get(n), "valid": valid,
-             **report.query_stats(times[n])}
+             **stats.query_stats(times[n])}
         if n in detail:
             q["error"] = detail[n]
         if n in failed:

@@ -26,7 +26,8 @@ DEFAULT_SYNTHETIC = "synthetic:Package:2 [NUMANode] L3Cache:16 Core:8 PU:1"  # 2
               help="real: how cores are handed out (none: measure and decide only).")
 @click.option("--interval", type=SECONDS, default=0.1, show_default=True, help="Seconds between ticks.")
 @click.option("--pages-interval", type=SECONDS, default=1.0, show_default=True, help="adaptive: seconds between numa_maps reads.")
-@click.option("--out", "out_dir", default=None, metavar="DIR", help="Also write DIR/results.json.")
+@click.option("--out", "out_dir", default=None, metavar="DIR",
+              help="Also write DIR/results.json (kind elastic.tick; `tilewise report DIR`) and results.csv.")
 @json_option
 def bench_tick(proc_kind, topology_src, mode_list, threads, processes, ticks, mappings, duration, busy, enforce, interval,
                pages_interval, out_dir, as_json):
@@ -40,8 +41,8 @@ def bench_tick(proc_kind, topology_src, mode_list, threads, processes, ticks, ma
     from tilewise import topology
     from tilewise.elastic import modes as M
     from tilewise.elastic import tickbench as tb
-    from tilewise.environment import capture
-    from tilewise.fsutil import atomic_write_json, ensure_writable_dir
+    from tilewise.results import model, report
+    from tilewise.results.output import Writer
 
     chosen = [m.strip() for m in mode_list.split(",") if m.strip()]
     bad = [m for m in chosen if m not in M.MODES]
@@ -58,48 +59,35 @@ def bench_tick(proc_kind, topology_src, mode_list, threads, processes, ticks, ma
     else:
         topology_src = topology_src or DEFAULT_SYNTHETIC
         topo = topology.load(topology_src)
-    out = ensure_writable_dir(out_dir) if out_dir else None  # a bad --out fails before anything runs
+    writer = Writer(out_dir, plots=False)  # a bad --out fails before anything runs
     say = console(stderr=True)
-    cases = []
-    for m in chosen:
-        if not as_json:
-            say.print(f"{proc_kind} /proc, {m}: ...", markup=False)
-        if proc_kind == "synthetic":
-            cases.append(tb.run_synthetic(topology_src, threads=threads, processes=processes, mode=m, ticks=ticks,
-                                          interval=interval, pages_interval=pages_interval, mappings=mappings))
-        else:
-            cases.append(tb.run_real(threads=threads or 16, busy=busy, mode=m, duration=duration, interval=interval,
-                                     pages_interval=pages_interval, enforce="auto" if enforce == "none" else enforce,
-                                     dry_run=enforce == "none"))
-    doc = {"format": tb.FORMAT, "environment": capture(topo), "proc": proc_kind, "cases": cases}
-    if out is not None:
-        atomic_write_json(out / "results.json", doc)
+    doc = model.new(tb.KIND, topo=topo, params={
+        "proc": proc_kind, "modes": chosen, "threads": threads, "processes": processes, "ticks": ticks,
+        "mappings": mappings, "duration": duration, "busy": busy, "enforce": enforce, "interval": interval,
+        "pages_interval": pages_interval})
+    doc.update({"proc": proc_kind, "cases": []})
+    cases = doc["cases"]
+    try:
+        for m in chosen:
+            if not as_json:
+                say.print(f"{proc_kind} /proc, {m}: ...", markup=False)
+            if proc_kind == "synthetic":
+                cases.append(tb.run_synthetic(topology_src, threads=threads, processes=processes, mode=m, ticks=ticks,
+                                              interval=interval, pages_interval=pages_interval, mappings=mappings))
+            else:
+                cases.append(tb.run_real(threads=threads or 16, busy=busy, mode=m, duration=duration, interval=interval,
+                                         pages_interval=pages_interval, enforce="auto" if enforce == "none" else enforce,
+                                         dry_run=enforce == "none"))
+            writer.write(doc)  # after each mode: a late failure loses nothing
+    except BaseException as e:
+        model.stopped(doc, e)
+        writer.write(doc)
+        raise
+    model.finish(doc, complete=True)
+    writer.write(doc)
     if as_json:
         emit_json(doc)
         return
-    _table(doc)
-
-
-def _table(doc: dict) -> None:
-    from rich.table import Table
-
     c = console()
     c.width = max(c.width, 120)
-    tab = Table(show_edge=False, pad_edge=False)
-    for col in ("mode", "cpus", "threads", "ticks", "mean ms", "median ms", "p99 ms", "max ms", "% core", "budget"):
-        tab.add_column(col, justify="left" if col in ("mode", "budget") else "right")
-    for r in doc["cases"]:
-        st = r["tick_cpu_ms"]
-        pct = r.get("daemon_cpu_pct_of_core", st["core_pct_at_interval"])
-        tab.add_row(r["mode"], str(r["cpus"]), str(r["threads"]), str(st["ticks"]), _f(st["mean"]), _f(st["median"]),
-                    _f(st["p99"]), _f(st["max"]), _f(pct, ".2f"),
-                    f"{r['verdict']} (< {r['budget_ms']:g} ms)")
-    c.print(tab)
-    first = doc["cases"][0]
-    c.print(f"{first['proc']} /proc, {first['topology']}, enforcement {first['enforce']}, tick every {first['interval_s']:g} s; "
-            "% core: " + ("daemon CPU time over wall time" if first["proc"] == "real" else "mean tick CPU over the interval"),
-            markup=False)
-
-
-def _f(x, spec: str = ".3f") -> str:
-    return "-" if x is None else format(x, spec)
+    report.render(doc, c)

@@ -107,6 +107,11 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
         click.option("--data-dir", default=None, metavar="DIR",
                      help="Data cache (default: ~/.cache/tilewise/<benchmark>)."),
         click.option("--mem", default=None, metavar="POLICY", help="Override every policy's memory policy."),
+        click.option("--mem-variants", "mem_variants", default=None, metavar="LIST",
+                     help="The far-memory study: run each policy with its data in near memory, its far tier, "
+                          "interleaved over both, weighted by bandwidth (near,far,interleave,weighted) and report each "
+                          "query's slowdown against near memory with a verdict; on a machine without a far tier it "
+                          "says so and runs nothing."),
         click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
         click.option("--worker-memory", default=None, metavar="SIZE",
                      help="spark/trino: memory (heap) per worker, e.g. 2g (default: half of its NUMA node's memory, "
@@ -145,8 +150,8 @@ def _help(spec, others: list | None) -> str:
 
 def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list,
          allocator, config_path, data_dir, mem, smt, worker_memory, no_warmup, no_plots, inject, as_json,
-         qparams=None, seed=None, data_seed=None):
-    from tilewise.bench import tpch as harness
+         qparams=None, seed=None, data_seed=None, mem_variants=None):
+    from tilewise.bench import far_memory, tpch as harness
 
     spec = benchmarks.get(benchmark)
     for flag, value, takes in (("--params", qparams, "params"), ("--seed", seed, "seed"),
@@ -168,6 +173,7 @@ def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_
         topology_src=topology_src, queries=spec.catalog.parse(query_list), allocator=allocator,
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
         inject_wrong=tuple(spec.catalog.parse(inject)) if inject else (), worker_memory=worker_memory,
+        mem_variants=far_memory.parse_variants(mem_variants) if mem_variants is not None else (),
     )
     out = console(wide=True)
     with _RichReporter(quiet=False) as rep:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import click
@@ -11,6 +10,9 @@ from tilewise import signals
 from tilewise.cli.common import NON_NEGATIVE, PID, SECONDS, conflicts, console, emit_json, json_option, topology_option
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.procs import ProcId
+from tilewise.results import model
+from tilewise.results.kinds import elastic_log
+from tilewise.results.output import LineWriter
 
 
 @click.command("elastic")
@@ -29,7 +31,8 @@ from tilewise.procs import ProcId
 @click.option("--duration", type=SECONDS, default=None, metavar="S", help="Stop after S seconds (default: until the target exits or Ctrl-C).")
 @click.option("--dry-run", is_flag=True, help="Measure and decide, change nothing (with --trace: simulate on --topology).")
 @click.option("--trace", "trace_path", default=None, metavar="FILE", help="With --dry-run: a recorded load trace (CSV time,demand|load or JSON lines).")
-@click.option("--log", "log_path", default=None, metavar="FILE", help="Write every tick's firings as JSON lines.")
+@click.option("--log", "log_path", default=None, metavar="FILE",
+              help="Write every tick's firings as they happen (a results document, JSON lines; `tilewise report FILE`).")
 @click.option("--replay", "replay_path", default=None, metavar="LOG", help="Summarise (and with --plot draw) a --log file.")
 @click.option("--plot", "plot_path", default=None, metavar="PNG", help="With --replay: load and allocated cores over time.")
 @click.option("--enforce", type=click.Choice(["auto", "cgroup", "affinity"]), default="auto", show_default=True,
@@ -87,16 +90,17 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
         pool = modes.make_pool(t, None, smt)
         unit = daemon.Unit("trace", pool, petri.NetConfig(th_min, th_max, pool.n_total), mode)
         rows = daemon.load_trace(trace_path)
-        with _LogSink(log_path) as sink:
+        params = {"source": trace_path, "topology": t.summary(), "mode": mode, "n_total": pool.n_total,
+                  "th_min": th_min, "th_max": th_max, "enforce": "simulated"}
+        with _log(log_path, t, params) as sink:
             recs = daemon.simulate(rows, unit, sink)
-        summary = _summary(recs, {"source": trace_path, "topology": t.summary(), "mode": mode, "n_total": pool.n_total,
-                                  "th_min": th_min, "th_max": th_max, "enforce": "simulated", "log": log_path})
-        ms = sorted(r["tick_cpu_ms"] for r in recs if "tick_cpu_ms" in r)
-        if ms:
-            summary["stats"] = {"ticks": len(ms), "tick_cpu_ms": {"mean": round(sum(ms) / len(ms), 4), "median": ms[len(ms) // 2],
-                                "p99": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "max": ms[-1]},
-                                "daemon_cpu_s": round(sum(ms) / 1e3, 4), "wall_s": None, "daemon_cpu_pct_of_core": None}
-        return _report(summary, recs, as_json, quiet, show_stats, None)
+            summary = elastic_log.summarize(elastic_log.records(recs), {**params, "log": log_path})
+            ms = [r["tick_cpu_ms"] for r in recs if "tick_cpu_ms" in r]
+            if ms:
+                summary["stats"] = {"ticks": len(ms), "tick_cpu_ms": daemon.tick_cpu_stats(ms),
+                                    "daemon_cpu_s": round(sum(ms) / 1e3, 4), "wall_s": None, "daemon_cpu_pct_of_core": None}
+            sink(elastic_log.end_record(t=recs[-1]["t"] if recs else None, stop_reason=None, stats=summary.get("stats")))
+        return _report(summary, as_json, quiet, show_stats)
 
     if sum(bool(x) for x in (pid, cgroup_path, use_instances)) != 1:
         raise UsageError("give exactly one target: --pid PID, --cgroup PATH or --instances",
@@ -154,7 +158,10 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
                       f"{rec['action']} -> {rec['n_alloc']} cores (OS cpus {rec['cpus']})", markup=False)
 
     recs: list[dict] = []
-    with _LogSink(log_path) as sink:
+    params = {"target": [u.name for u in units], "mode": mode, "metric": metric, "th_min": th_min, "th_max": th_max,
+              "interval": interval, "duration": duration, "dry_run": dry_run, "enforce": enforce, "smt": smt,
+              "pages_interval": pages_interval}
+    with _log(log_path, t, params) as sink:
         def log(rec: dict) -> None:
             recs.append(rec)
             sink(rec)
@@ -172,15 +179,14 @@ def elastic(pid, cgroup_path, use_instances, cluster_name, mode, metric, th_min,
             interrupted = e
             d.stop_reason = "stopped by signal"
         notes += [k for u in units if u.enforcer is not None for k in u.enforcer.kept]
-        summary = _summary(recs, {"target": [u.name for u in units], "mode": mode, "th_min": th_min, "th_max": th_max,
-                                  "interval": interval, "dry_run": dry_run, "log": log_path,
-                                  "enforce": ["dry-run" if dry_run else u.enforcer.kind for u in units],
-                                  "stop_reason": d.stop_reason, "restored": not d.problems,
-                                  "problems": d.problems, "notes": notes})
+        summary = elastic_log.summarize(elastic_log.records(recs), {
+            "target": [u.name for u in units], "mode": mode, "th_min": th_min, "th_max": th_max, "interval": interval,
+            "dry_run": dry_run, "log": log_path, "enforce": ["dry-run" if dry_run else u.enforcer.kind for u in units],
+            "stop_reason": d.stop_reason, "restored": not d.problems, "problems": d.problems, "notes": notes})
         summary["stats"] = d.stats()
-        sink({"event": "end", "t": round(d.clock() - d.t0, 6), "stop_reason": d.stop_reason, "stats": summary["stats"],
-              "problems": d.problems})
-    _report(summary, recs, as_json, quiet, show_stats, d)
+        sink(elastic_log.end_record(t=round(d.clock() - d.t0, 6), stop_reason=d.stop_reason, stats=summary["stats"],
+                                    problems=d.problems, interrupted=interrupted is not None))
+    _report(summary, as_json, quiet, show_stats)
     if interrupted is not None:
         raise interrupted
 
@@ -216,157 +222,44 @@ def _cluster_instances(name: str | None):
     return out
 
 
-class _LogSink:
-    """JSON lines, opened before the first tick (a bad path fails early), flushed per line."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self.f = None
-
-    def __enter__(self):
-        if self.path:
-            try:
-                self.f = open(self.path, "w")
-            except OSError as e:
-                raise UsageError(f"cannot write --log {self.path}: {e.strerror}") from None
-            self.f.write(json.dumps({"event": "log", "format": "tilewise-elastic", "version": 1}) + "\n")
-        return self
-
-    def __call__(self, rec: dict) -> None:
-        if self.f:
-            self.f.write(json.dumps(rec) + "\n")
-            self.f.flush()
-
-    def __exit__(self, *exc):
-        if self.f:
-            self.f.close()
+def _log(path: str | None, topo, params: dict) -> LineWriter:
+    """The --log file: a results document of kind elastic.log, written a line per record as the
+    daemon runs (opened before the first tick: a bad path fails early)."""
+    return LineWriter(path, model.new("elastic.log", topo=topo, params=params) if path else None)
 
 
-def _summary(recs: list[dict], base: dict) -> dict:
-    ticks = [r for r in recs if not r.get("event")]
-    counts: dict[str, int] = {}
-    for r in ticks:
-        for tr in r["transitions"]:
-            counts[tr] = counts.get(tr, 0) + 1
-    n = [r["n_alloc"] for r in ticks]
-    s = dict(base)
-    s.update({
-        "ticks": len(ticks),
-        "allocations": sum(1 for r in ticks if r["action"] == "allocate"),
-        "releases": sum(1 for r in ticks if r["action"] == "release"),
-        "firings": dict(sorted(counts.items())),
-        "cores": {"min": min(n) if n else 1, "max": max(n) if n else 1, "mean": round(sum(n) / len(n), 3) if n else 1,
-                  "final": n[-1] if n else 1},
-        "load_mean": round(sum(r["u"] for r in ticks) / len(ticks), 3) if ticks else None,
-    })
-    return s
+def read_log(path: str) -> dict:
+    """An elastic log of either format (a one-line error for anything else)."""
+    try:
+        doc = model.load(path)
+    except model.NotResults as e:
+        raise UsageError(f"{path} is not a tilewise elastic log ({e})") from None
+    if doc.get("kind") != "elastic.log":
+        raise UsageError(f"{path} is not a tilewise elastic log: it holds {doc.get('kind')} results",
+                         "show it with tilewise report")
+    return doc
 
 
-def _report(summary: dict, recs, as_json: bool, quiet: bool, show_stats: bool, d) -> None:
+def _report(summary: dict, as_json: bool, quiet: bool, show_stats: bool) -> None:
     if as_json:
         emit_json(summary)
         return
     out = console()
-    src = summary.get("source") or ", ".join(summary.get("target", []))
-    out.print(f"[bold]elastic[/bold] {src}: {summary['ticks']} ticks, {summary['allocations']} allocations, "
-              f"{summary['releases']} releases; cores min {summary['cores']['min']} / mean {summary['cores']['mean']} / "
-              f"max {summary['cores']['max']} / final {summary['cores']['final']}")
-    out.print("firings: " + (", ".join(f"{k}x{v}" for k, v in summary["firings"].items()) or "none"), markup=False)
-    if summary.get("stop_reason"):
-        restored = "restored" if summary.get("restored") else "restore had problems"
-        kinds = summary.get("enforce") or []
-        extra = ", own cgroup removed" if any(k in ("cgroup-v1", "cgroup-v2") for k in kinds) else ""
-        extra += ", cpuset.cpus put back" if "cgroup-v2 in place" in kinds else ""
-        what = "nothing changed (dry run)" if summary.get("dry_run") else f"original CPUs {restored}{extra}"
-        out.print(f"stopped: {summary['stop_reason']}; {what}", markup=False)
-    for p in summary.get("problems", []):
-        out.print(f"problem: {p}", markup=False)
-    if show_stats and summary.get("stats"):
-        st = summary["stats"]
-        tc = st["tick_cpu_ms"]
-        total = (f"; daemon {st['daemon_cpu_s']} s CPU over {st['wall_s']} s = {st['daemon_cpu_pct_of_core']} % of one core"
-                 if st.get("wall_s") else " (simulated: decision only, no /proc reads or enforcement)")
-        out.print(f"controller cost: {st['ticks']} ticks, CPU per tick mean {tc['mean']} ms, median {tc['median']} ms, "
-                  f"p99 {tc['p99']} ms, max {tc['max']} ms" + total, markup=False)
+    elastic_log.print_summary(summary, out, show_stats=show_stats)
     if summary.get("log"):
-        out.print(f"log: {summary['log']} (draw it: tilewise elastic --replay {summary['log']} --plot elastic.png)", markup=False)
-
-
-def read_log(path: str) -> list[dict]:
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    recs = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            recs.append(json.loads(line))
-        except ValueError:
-            raise UsageError(f"{path}:{i}: not a JSON line (is it an elastic --log file?)") from None
-    head = recs[0] if recs else {}
-    if head.get("format") != "tilewise-elastic":
-        raise UsageError(f"{path} is not a tilewise elastic log (first line has no format tilewise-elastic)")
-    if head.get("version") != 1:
-        raise UsageError(f"{path}: elastic log version {head.get('version')!r} is not supported (expected 1)")
-    return recs[1:]
+        out.print(f"log: {summary['log']} (draw it: tilewise elastic --replay {summary['log']} --plot elastic.png; "
+                  f"show it: tilewise report {summary['log']})", markup=False)
 
 
 def _replay(path: str, plot_path: str | None, as_json: bool) -> None:
-    recs = read_log(path)
-    summary = _summary(recs, {"source": path})
-    end = next((r for r in recs if r.get("event") == "end"), None)
-    if end:
-        summary["stats"] = end.get("stats")
-        summary["stop_reason"] = end.get("stop_reason")
-        summary["problems"] = end.get("problems", [])
-        summary["restored"] = not summary["problems"]
+    doc = elastic_log.KIND.view(read_log(path))
+    summary = elastic_log.replay_summary(doc, path)
     if plot_path:
-        plot(recs, plot_path, title=os.path.basename(path))
+        elastic_log.plot(doc, plot_path, title=os.path.basename(path))
         summary["plot"] = plot_path
     if as_json:
         emit_json(summary)
         return
-    _report(summary, recs, False, False, bool(end), None)
+    _report(summary, False, False, doc.end is not None)
     if plot_path:
         console().print(f"plot: {plot_path}", markup=False)
-
-
-def plot(recs: list[dict], path: str, title: str = "") -> None:
-    """Load (left axis, %) and allocated cores (right axis) over time, per unit, as in 002's Fig. 7."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ticks = [r for r in recs if not r.get("event")]
-    if not ticks:
-        raise UsageError("the log has no ticks to draw")
-    units = sorted({r["unit"] for r in ticks})
-    fig, axes = plt.subplots(len(units), 1, figsize=(9, 3.2 * len(units)), squeeze=False)
-    for ax, name in zip(axes[:, 0], units):
-        rs = [r for r in ticks if r["unit"] == name]
-        ts = [r["t"] for r in rs]
-        ax.plot(ts, [r["u"] for r in rs], color="tab:blue", lw=1, label="load of allocated cores (%)")
-        ax.set_ylabel("CPU load (%)")
-        ax.set_ylim(0, max(105, max(r["u"] for r in rs) * 1.05))
-        ax.set_xlabel("time (s)")
-        ax2 = ax.twinx()
-        ax2.step(ts, [r["n_alloc"] for r in rs], where="post", color="tab:red", lw=1.5, label="allocated cores")
-        ax2.set_ylabel("allocated cores")
-        ax2.set_ylim(0, max(r["n_alloc"] for r in rs) + 1)
-        for r in rs:
-            if r["action"] != "none":
-                ax.annotate(",".join(r["transitions"]), (r["t"], min(r["u"], 100)), fontsize=6, alpha=0.7)
-        ax.set_title(f"{title} {name}".strip(), fontsize=9)
-        lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-        ax.legend(lines, [ln.get_label() for ln in lines], loc="upper right", fontsize=7)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror}") from None
-    finally:
-        plt.close(fig)

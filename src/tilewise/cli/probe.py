@@ -1,4 +1,5 @@
-"""`tilewise probe latency|bandwidth|stream`: measure this machine (paper 001, section 2)."""
+"""`tilewise probe latency|bandwidth|stream|memory|gpu`: measure this machine (paper 001, section 2;
+thesis 004, ch. 4 for `memory`, ch. 3 for `gpu`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import click
 from tilewise import cpulist
 from tilewise.cli.common import AT_LEAST_1, Number, console, emit_json, json_option, parse_size, topology_option
 from tilewise.errors import UsageError
+from tilewise.results.kinds.memory import TESTS as MEMORY_TESTS
 
 cpus_option = click.option("--cpus", "cpus_text", metavar="LIST",
                            help="CPUs to measure, e.g. 0-7,64-71 (default: every CPU this process may use).")
@@ -17,7 +19,7 @@ full_option = click.option("--full", is_flag=True, help="Measure all ordered pai
 
 @click.group("probe")
 def probe() -> None:
-    """Core-to-core latency and bandwidth, STREAM per deployment layout (measured here)."""
+    """Core-to-core latency and bandwidth, STREAM per deployment layout, GPU copy bandwidth per node (measured here)."""
 
 
 def _progress(total: int, label: str):
@@ -31,7 +33,7 @@ def _pair_probe(kind: str, topology_src, cpus_text, full, as_json, out_dir, para
     from dataclasses import asdict
 
     from tilewise.probes import matrix, pairs
-    from tilewise.results import model, report
+    from tilewise.results import model
     from tilewise.results.output import Writer
 
     t = matrix.live_topology(topology_src)
@@ -63,6 +65,13 @@ def _pair_probe(kind: str, topology_src, cpus_text, full, as_json, out_dir, para
         matrix.build_doc(doc, t, cpus, desc, stats, modes if stats else (), unit)
         doc["warnings"] = _pair_warnings(doc, modes)
         out.write(doc)
+    _show(doc, out, as_json)
+
+
+def _show(doc: dict, out, as_json: bool) -> None:
+    """The finished document on stdout: JSON, or the kind's table and the files written."""
+    from tilewise.results import report
+
     doc["written"] = out.written
     if as_json:
         emit_json(doc)
@@ -148,6 +157,7 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
     from tilewise.probes import matrix, stream as st
     from tilewise.results import model, report
     from tilewise.results.output import Writer
+    from tilewise.results.tables import human_bytes
 
     t = matrix.live_topology(topology_src)
     cpus = matrix.choose_cpus(t, cpus_text, smt=smt or bool(cpus_text))
@@ -190,16 +200,121 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
         out.write(doc)
         raise
     model.finish(doc, complete=True)
-    noisy = [f"{c['policy']}@{report.human_bytes(c['size_bytes'])}" for c in doc["cases"]
+    noisy = [f"{c['policy']}@{human_bytes(c['size_bytes'])}" for c in doc["cases"]
              if c["kernels"]["copy"]["median_gbs"] > 0
              and c["kernels"]["copy"]["best_gbs"] / c["kernels"]["copy"]["median_gbs"] > UNSTABLE]
     doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "
                        "a quiet machine, with more --ntimes or --runs"] if noisy else []
     out.write(doc, plots=True)
-    doc["written"] = out.written
-    if as_json:
-        emit_json(doc)
-        return
-    report.render(doc, console(wide=True))
-    for w in doc["written"]:
-        console().print(f"wrote {w}", markup=False)
+    _show(doc, out, as_json)
+
+
+class _MemoryReporter:
+    """Messages and a progress bar on stderr for `probe memory`."""
+
+    def __init__(self, prog) -> None:
+        self.prog, self.task = prog, None
+        self.err = console(stderr=True)
+
+    def message(self, text: str) -> None:
+        self.err.print(text, markup=False)
+
+    def start(self, cells: int) -> None:
+        self.task = self.prog.add_task("memory", total=cells)
+
+    def cell(self, label: str) -> None:
+        if self.task is not None:
+            self.prog.update(self.task, description=f"memory: {label}")
+
+    def partial(self, doc: dict) -> None:
+        if self.task is not None:
+            self.prog.advance(self.task)
+
+
+@probe.command("memory")
+@topology_option
+@click.option("--initiators", "initiators", metavar="NODES",
+              help="Initiator NUMA nodes (with CPUs), e.g. 0,1 (default: every node with CPUs this process may use).")
+@click.option("--cpus", "cpus_text", metavar="LIST", help="One initiator made of these CPUs instead, e.g. 0-7.")
+@click.option("--targets", metavar="NODES", help="Target memory nodes, CPU-less included (default: every node with memory).")
+@click.option("--threads", "threads", metavar="LIST", help="Thread counts per initiator (default: 1, 2, 4, ... and all its CPUs).")
+@click.option("--size", "size_text", default=None, metavar="SIZE",
+              help="Buffer per cell, far larger than the L3 (default: 8x the machine's L3, at least 256MiB).")
+@click.option("--tests", "tests_text", default=",".join(MEMORY_TESTS),
+              show_default=True, help="Which figures to measure.")
+@click.option("--reps", type=Number(integer=True, min=2), default=5, show_default=True,
+              help="Repetitions per figure (the first is a warm-up).")
+@click.option("--min-ms", "min_ms", type=Number(min=1, max=60000), default=100, show_default=True,
+              help="Each repetition runs at least this many milliseconds.")
+@click.option("--no-hugepages", is_flag=True, help="Do not ask for transparent huge pages on the buffer.")
+@click.option("--smt", is_flag=True, help="Use SMT siblings too (default: one thread per physical core).")
+@click.option("--compare", is_flag=True,
+              help="Also run likwid-bench (read, write, non-temporal write), a reference chase under numactl, and Intel MLC where installed.")
+@json_option
+@out_option
+def memory_cmd(topology_src, initiators, cpus_text, targets, threads, size_text, tests_text, reps, min_ms, no_hugepages,
+               smt, compare, as_json, out_dir):
+    """Every CPU-to-memory path: latency and read/write bandwidth, initiator x target node (thesis 004, ch. 4)."""
+    from tilewise.probes import memory
+    from tilewise.results.output import Writer
+
+    size = parse_size(size_text, "--size", minimum=memory.MIN_SIZE) if size_text else None
+    cfg = memory.Config(topology_src=topology_src, initiators=initiators, cpus=cpus_text, targets=targets,
+                        threads=threads, size=size, tests=memory.parse_tests(tests_text), reps=reps, min_ms=min_ms,
+                        hugepages=not no_hugepages, smt=smt, compare=compare)
+    out = Writer(out_dir, name="memory.json", plots=False) if out_dir else Writer(None)
+    with _progress(1, "memory") as prog:
+        doc = memory.run(cfg, _MemoryReporter(prog), writer=out.write)
+    out.write(doc, plots=True)
+    _show(doc, out, as_json)
+
+
+@probe.command("gpu")
+@click.option("--device", default="cuda", show_default=True, metavar="cuda[:N|:UUID]|all",
+              help="The GPU to measure (all: every GPU CUDA can use).")
+@click.option("--size", "size_text", default="256MiB", show_default=True, help="Bytes moved per copy.")
+@click.option("--reps", type=AT_LEAST_1, default=20, show_default=True, help="Timed copies per figure (a warm-up first).")
+@click.option("--nodes", "nodes_text", default=None, metavar="LIST", help="NUMA nodes to allocate host memory on (default: all with memory).")
+@click.option("--timeout", type=Number(min=0, min_open=True, name="SECONDS"), default=300, show_default=True,
+              help="Seconds per (GPU, node) before the measuring process is stopped.")
+@json_option
+@out_option
+def gpu(device, size_text, reps, nodes_text, timeout, as_json, out_dir):
+    """Host-to-device and device-to-host bandwidth from pinned and pageable memory on every NUMA
+    node: the GPU's own node against the others (one bound process per node)."""
+    from tilewise import devices, topology
+    from tilewise.probes import gpu as gp
+    from tilewise.results import model
+    from tilewise.results.kinds import gpu as gpu_kind
+    from tilewise.results.output import Writer
+
+    size = parse_size(size_text, "--size", minimum=4096)
+    found = devices.discover()
+    if device.strip().lower() == "all":
+        if not found.cuda:
+            devices.resolve_cuda("cuda", found)  # the one-line refusal, with what is here
+        gpus = list(found.cuda)
+    else:
+        gpus = [devices.resolve_cuda(device, found)]
+    t = topology.load(None)
+    nodes = tuple(cpulist.parse(nodes_text, what="--nodes")) if nodes_text else None
+    out = Writer(out_dir, name="gpu.json") if out_dir else Writer(None)
+    doc = model.new("probe.gpu", topo=t, system_check=_system_check(t),
+                    params={"device": device, "size": size, "reps": reps, "nodes": list(nodes) if nodes else None})
+    doc.update({"probe": "gpu", "unit": "GB/s", "size_bytes": size, "reps": reps,
+                "gpus": [g.to_json() for g in gpus], "driver": found.driver, "cases": []})
+    try:
+        def on_case(cases):
+            doc["cases"] = cases
+            out.write(doc, plots=False)
+
+        gp.run(t, gpus, size, reps, nodes, timeout, on_case=on_case)
+        doc["summary"] = gp.summarize(doc["cases"])
+        doc["metrics"] = gpu_kind.metrics(doc)
+        model.finish(doc, complete=all("gbs" in c for c in doc["cases"]))
+    except BaseException as e:
+        model.stopped(doc, e)
+        out.write(doc)
+        raise
+    out.write(doc, plots=True)
+    _show(doc, out, as_json)

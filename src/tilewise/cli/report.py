@@ -22,8 +22,9 @@ from tilewise.errors import UsageError
               help="Write report.json, report.csv and report.png (the comparison) into DIR.")
 @json_option
 def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
-    """Read results written by bench tpch, bench elastic, probe, workload --out or tune (any
-    version tilewise wrote: older files are upgraded on load). With one DIR, show its tables again;
+    """Read results written by bench tpch, bench elastic, bench elastic-tick, bench overhead, probe,
+    workload --out, tune or elastic --log (any version tilewise wrote: older files are upgraded on
+    load). With one DIR, show its tables again;
     with several, compare each against the first: medians with n, the ratio of geometric means
     with its 95 % confidence interval, and whether the change is beyond the noise.
 
@@ -50,11 +51,11 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
         else:
             report.render(docs[0], console(wide=True))
         return
-    cmp = report.compare(list(zip(names, docs)), select=select)
-    pair = report.benchmark_pair(list(zip(names, docs)))
-    bench = report.benchmark_comparison(pair[0][1], pair[1][1]) if pair else None  # TPC-H next to JCC-H
-    if bench:
-        cmp["tpch_vs_jcch"] = bench
+    runs = list(zip(names, docs))
+    cmp = report.compare(runs, select=select)
+    extra = report.kind_comparisons(runs)  # e.g. TPC-H next to JCC-H
+    for x in extra:
+        cmp[x.key] = x.data
     if select and not cmp["metrics"]:
         raise UsageError(f"no metric matches {select!r}", "see the metric names with tilewise report DIR --json")
     written = []
@@ -63,8 +64,7 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
         written.append(str(fsutil.atomic_write_json(d / "report.json", cmp)))
         written.append(str(fsutil.atomic_write(d / "report.csv", report.comparison_csv(cmp))))
         plot_path = plot_path or str(d / "report.png")
-        if bench:
-            written.append(str(report.benchmark_comparison_plot(bench, d / "tpch_vs_jcch.png")))
+        written += [str(x.plot(d)) for x in extra]
     if plot_path:
         p = report.comparison_plot(cmp, Path(plot_path))
         if p:
@@ -74,8 +74,8 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
         emit_json(cmp)
         return
     report.render_comparison(cmp, console(wide=True))
-    if bench:
-        report.render_benchmark_comparison(bench, console(wide=True))
+    for x in extra:
+        x.render(console(wide=True))
     for w in written:
         console().print(f"wrote {w}", markup=False)
 

@@ -1,30 +1,38 @@
-"""`tilewise workload`: run one in-memory analytics workload (paper 003) under one configuration."""
+"""`tilewise workload`: run one in-memory analytics workload (paper 003; the thesis's tensor
+operators T1-T3, options in workload_tensor.py) under one configuration."""
 
 from __future__ import annotations
 
 import click
 
 from tilewise import allocators, topology
-from tilewise.cli.common import AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, conflicts, console, emit_json, json_option, topology_option
+from tilewise.cli.common import (AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, conflicts, console, emit_json, explicit,
+                                 json_option, topology_option)
+from tilewise.cli.workload_tensor import TENSOR_OPTIONS, tensor_options
 from tilewise.errors import UsageError
 
-WORKLOAD_NAMES = ("W1", "W2", "W3", "W4", "alloc")
+WORKLOAD_NAMES = ("W1", "W2", "W3", "W4", "alloc", "T1", "T2", "T3")
 
 
 def workload_options(f):
     """Workload size and shape; shared by `workload` and `tune --workload`."""
     opts = [
-        click.option("--dataset", default=None, help="W1/W2: moving-cluster (default), sequential, zipf; W3/W4: uniform."),
+        click.option("--dataset", default=None, help="W1/W2: moving-cluster (default), sequential, zipf; W3/W4: uniform; "
+                                                     "T1/T2: unique (default), uniform, zipf, sparse."),
         click.option("--records", type=COUNT, default=None,
-                     help="W1/W2: input records (default 10M); W3/W4: build-side rows (default 1M, probe = ratio x)."),
-        click.option("--groups", type=COUNT, default=None, help="W1/W2: group-by cardinality (default 100K)."),
+                     help="W1/W2: input records (default 10M); W3/W4: build-side rows (default 1M, probe = ratio x); "
+                          "T1: keys (default 10M); T2: R rows (default 4M)."),
+        click.option("--groups", type=COUNT, default=None,
+                     help="W1/W2: group-by cardinality (default 100K); T1/T2 uniform, zipf, sparse: distinct values drawn from."),
         click.option("--zipf-exponent", type=NON_NEGATIVE, default=None, help="zipf dataset exponent (default 0.5)."),
-        click.option("--ratio", type=AT_LEAST_1, default=None, help="W3/W4: probe rows per build row (default 16)."),
+        click.option("--ratio", type=AT_LEAST_1, default=None,
+                     help="W3/W4: probe rows per build row (default 16); T2: S rows per R row (default 1)."),
         click.option("--ops", type=COUNT, default=None, help="alloc: operations per thread (default 5M)."),
         click.option("--slots", type=COUNT, default=None, help="alloc: live-block slots per thread (default 200K)."),
         click.option("--threads", "-t", type=AT_LEAST_1, default=None, help="Worker threads (default: the CPUs allowed)."),
         click.option("--seed", type=SEED, default=None, help="Dataset seed (default 42)."),
-        click.option("--paper-scale", is_flag=True, help="The paper's sizes: 100M/1M (W1, W2), 16M x 256M (W3, W4), 100M ops (alloc)."),
+        click.option("--paper-scale", is_flag=True, help="The paper's sizes: 100M/1M (W1, W2), 16M x 256M (W3, W4), 100M ops (alloc); "
+                                                          "T3: LiveJournal's size, T1/T2: 10M."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -58,7 +66,7 @@ def os_options(f):
 
 
 @click.command("workload")
-@click.argument("name", metavar="W1|W2|W3|W4|alloc")
+@click.argument("name", metavar="W1|W2|W3|W4|alloc|T1|T2|T3")
 @workload_options
 @click.option("--allocator", default=None, help=f"Preload an allocator: {', '.join(allocators.names())} (system = ptmalloc).")
 @click.option("--mem", default=None, metavar="POLICY",
@@ -71,19 +79,43 @@ def os_options(f):
 @click.option("--dry-run", is_flag=True, help="Print the command, binding and per-thread CPUs; run nothing.")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
               help="Also write results.json (the results model; compare runs with `tilewise report`).")
+@tensor_options
 @topology_option
 @json_option
 def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale,
                  allocator, mem, placement, config_path, apply_os, thp, autonuma, os_root, timeout, dry_run,
-                 out_dir, topology_src, as_json):
+                 out_dir, device, variants_text, rename_method, bincount_memory_text, scale, iterations, tolerance,
+                 damping, dtype, runs, warmup, policy, instance_id, topology_src, as_json):
     """Run one workload (W1 holistic aggregation, W2 distributive aggregation, W3 hash join,
-    W4 index nested-loop join, alloc microbenchmark) with an allocator, memory policy and thread
-    placement; print its result (time, max RSS, checksum)."""
+    W4 index nested-loop join, alloc microbenchmark; the thesis's tensor operators T1 DISTINCT
+    cardinality, T2 join cardinality, T3 PageRank, on CPU or a GPU) with an allocator, memory policy
+    and thread placement; print its result (time, max RSS, checksum; T1-T3: every variant's time,
+    ratios and the check of its answer)."""
+    from tilewise.cli import workload_tensor as wt
+    from tilewise.tensor import is_tensor_workload
     from tilewise.tune import knobs, workloads as wl
     from tilewise.tune.os_switches import OsSwitches
 
-    w = wl.canonical(name)
-    p = make_params(w, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale)
+    tensor = is_tensor_workload(name)
+    if tensor:
+        w = name.strip().upper()
+        given = explicit("ops", "slots")
+        if given:
+            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the allocator "
+                             f"microbenchmark (alloc), not {w}")
+        p = wt.make_params(w, dataset, records, groups, zipf_exponent, ratio, threads, seed, paper_scale, device,
+                           variants_text, rename_method, bincount_memory_text, scale, iterations, tolerance, damping,
+                           dtype, runs, warmup)
+    else:
+        given = explicit(*TENSOR_OPTIONS)
+        if given:
+            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the tensor workloads "
+                             f"T1-T3, not {name.strip()}")
+        try:
+            w = wl.canonical(name)
+        except UsageError:
+            raise UsageError(f"unknown workload {name!r}", f"choose one of {', '.join(WORKLOAD_NAMES)}") from None
+        p = make_params(w, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale)
     if topology_src and not dry_run:
         raise UsageError("--topology is for --dry-run only: workloads run on this machine", "add --dry-run, or drop --topology")
     t = topology.load(topology_src)
@@ -104,6 +136,9 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
     if desired and not apply_os:
         raise UsageError("--thp/--autonuma change the OS and need --apply-os (as root)")
     state = sw.state()
+    if tensor:
+        return wt.run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_run, out_dir,
+                          topology_src, as_json, _null)
     import os
 
     allowed = None if topology_src else set(os.sched_getaffinity(0))

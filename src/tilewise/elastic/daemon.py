@@ -13,7 +13,6 @@ trace on a machine we do not have runs the very same code.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from tilewise.elastic import modes, petri
 from tilewise.elastic.enforce import Enforcer
 from tilewise.elastic.metrics import CpuMeter, FdCache, ProcFS, cgroup_tasks
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import stats as S
 
 LOG_VERSION = 1
 
@@ -381,16 +381,15 @@ class Daemon:
         cpu = self.cpu_s
         return {
             "ticks": self.ticks,
-            "tick_cpu_ms": {"mean": _r(statistics.fmean(ms)) if ms else None, "median": _r(statistics.median(ms)) if ms else None,
-                            "p99": _r(sorted(ms)[min(len(ms) - 1, int(len(ms) * 0.99))]) if ms else None,
-                            "max": _r(max(ms)) if ms else None},
+            "tick_cpu_ms": tick_cpu_stats(ms),
             "daemon_cpu_s": round(cpu, 4), "wall_s": round(wall, 3),
             "daemon_cpu_pct_of_core": round(100 * cpu / wall, 3) if wall > 0 else None,
         }
 
 
-def _r(x: float) -> float:
-    return round(x, 4)
+def tick_cpu_stats(ms: list[float]) -> dict:
+    """mean, median, p99 and max of per-tick CPU milliseconds (None without ticks), as logged."""
+    return S.rounded(S.summarize(ms, percentiles=(99,)), ("mean", "median", "p99", "max"))
 
 
 # ---- trace simulation (--dry-run --trace) ------------------------------------------------------------
@@ -421,7 +420,7 @@ def load_trace(path: str) -> list[dict]:
                 d = json.loads(line)
             except ValueError:
                 raise UsageError(f"{path}:{i}: not a JSON object") from None
-            if d.get("event"):
+            if d.get("event") or d.get("format"):  # an elastic log: its header and events are no ticks
                 continue
             rows.append(_trace_row(path, i, d.get("time", d.get("t")), d.get("demand"), d.get("load", d.get("u")),
                                    d.get("pages")))

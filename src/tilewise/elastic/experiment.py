@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import statistics
 import subprocess
 import sys
 import threading
@@ -20,6 +19,10 @@ import time
 from pathlib import Path
 
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import model
+from tilewise.results import stats as S
+from tilewise.results.kinds import elastic_log
+from tilewise.results.output import LineWriter
 
 CONFIGS = ("os", "dense", "sparse", "adaptive")
 WORKLOADS = ("q6", "mixed")
@@ -55,6 +58,8 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
     recs: list[dict] = []
     d = None
     th = None
+    sink = None
+    res = None  # the clients' results: None while they run (the log then ends interrupted)
     with launch.Supervisor() as sup:
         s = sup.start(f"duckdb-{config}-{workload}", argv, verify_binding=False,
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -67,7 +72,15 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
                 target = daemon.PidTarget(proc.pid)
                 unit = daemon.Unit(f"{config}-{workload}", pool, petri.NetConfig(th_min, th_max, pool.n_total), config, target)
                 unit.enforcer = enforce.choose("auto", proc.pid, None)
-                d = daemon.Daemon([unit], interval=interval, log=recs.append)
+                sink = _log(log_path, topo, {"target": [unit.name], "mode": config, "workload": workload,
+                                             "clients": clients, "duration": duration, "interval": interval,
+                                             "th_min": th_min, "th_max": th_max, "dry_run": False, "enforce": "auto"})
+
+                def log(rec: dict) -> None:
+                    recs.append(rec)
+                    sink.write(rec)
+
+                d = daemon.Daemon([unit], interval=interval, log=log)
                 d.start()
                 th = threading.Thread(target=d.run, name="elastic", daemon=True)
                 th.start()
@@ -81,17 +94,14 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
                 if th is not None:
                     th.join(timeout=10)
                 d.close()
+                sink.write(elastic_log.end_record(t=None, stop_reason=d.stop_reason, stats=d.stats(),
+                                                  problems=d.problems, interrupted=res is None))
+            if sink is not None:
+                sink.close()
         stats = d.stats() if d else None
         problems = list(d.problems) if d else []
     if res["errors"]:
         raise TilewiseError(f"{config}/{workload}: " + res["errors"][0])
-    if log_path is not None and d is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w") as f:
-            f.write(json.dumps({"event": "log", "format": "tilewise-elastic", "version": 1}) + "\n")
-            for r in recs:
-                f.write(json.dumps(r) + "\n")
-            f.write(json.dumps({"event": "end", "stop_reason": d.stop_reason, "stats": stats}) + "\n")
     lat = [r[3] for r in res["records"]]
     # cores over time, on the clients' clock (0 = "go")
     if d is not None:
@@ -121,11 +131,16 @@ def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients
 
 
 def _lat(xs: list[float]) -> dict:
-    if not xs:
-        return {"mean": None, "p50": None, "p95": None}
-    s = sorted(xs)
-    return {"mean": round(1e3 * statistics.fmean(s), 3), "p50": round(1e3 * s[len(s) // 2], 3),
-            "p95": round(1e3 * s[min(len(s) - 1, int(0.95 * len(s)))], 3)}
+    """Latency in ms: mean, p50 and p95 (results.stats.percentile)."""
+    s = S.summarize([1e3 * x for x in xs], percentiles=(50, 95))
+    return S.rounded(s, ("mean", "p50", "p95"), 3)
+
+
+def _log(path: Path | None, topo, params: dict) -> LineWriter:
+    """The daemon's log of this case (kind elastic.log), written as the daemon runs."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return LineWriter(path, model.new("elastic.log", topo=topo, params=params, allocator="system") if path else None)
 
 
 def _time_weighted(timeline: list, wall: float) -> float:

@@ -16,7 +16,6 @@ time over the wall time (share of one core).
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,8 +25,9 @@ from pathlib import Path
 from tilewise.elastic import daemon, modes, petri
 from tilewise.elastic.metrics import ProcFS
 from tilewise.elastic.synthetic_proc import SyntheticProc
+from tilewise.results import stats as S
 
-FORMAT = "tilewise-elastic-tick/1"
+KIND = "elastic.tick"  # its results kind (results.kinds.elastic_tick); before it, "tilewise-elastic-tick/1"
 BUDGET_CORE_PCT = 1.0  # DESIGN.md: the daemon takes under 1 % of one core
 
 
@@ -58,13 +58,9 @@ class _FakeClock:
 
 def tick_stats(ms: list[float], interval_s: float) -> dict:
     """mean/median/p99/max of per-tick CPU ms, and the share of one core at this tick interval."""
-    if not ms:
-        return {"ticks": 0, "mean": None, "median": None, "p99": None, "max": None, "core_pct_at_interval": None}
-    s = sorted(ms)
-    mean = statistics.fmean(s)
-    return {"ticks": len(s), "mean": round(mean, 4), "median": round(statistics.median(s), 4),
-            "p99": round(s[min(len(s) - 1, int(0.99 * len(s)))], 4), "max": round(s[-1], 4),
-            "core_pct_at_interval": round(100 * mean / (interval_s * 1e3), 3)}
+    mean = S.summarize(ms)["mean"]
+    return {"ticks": len(ms), **daemon.tick_cpu_stats(ms),
+            "core_pct_at_interval": None if mean is None else round(100 * mean / (interval_s * 1e3), 3)}
 
 
 def auto_ticks(n_total: int) -> int:
@@ -117,7 +113,8 @@ def run_synthetic(topology_src: str, *, threads: int | None = None, processes: i
         "proc": "synthetic", "topology": t.summary(), "cpus": len(t.pus), "cores_in_pool": pool.n_total,
         "threads": n_threads * processes, "processes": processes, "mode": mode, "interval_s": interval,
         "pages_interval_s": pages_interval, "numa_maps_lines": mappings, "enforce": "none (dry run)",
-        "tick_cpu_ms": st, "tick_cpu_ms_with_core_change": tick_stats(with_action, interval),
+        "tick_cpu_ms": st, "ticks_ms": [round(m, 4) for m in ms],
+        "tick_cpu_ms_with_core_change": tick_stats(with_action, interval),
         "tick_cpu_ms_without_core_change": tick_stats(without, interval),
         "max_cores_allocated": most,
         "budget_ms": budget_ms(len(t.pus)), "verdict": verdict(st, budget_ms(len(t.pus))),
@@ -186,7 +183,8 @@ def run_real(*, threads: int = 16, busy: float = 0.5, mode: str = "adaptive", du
             "proc": "real", "topology": t.summary(), "cpus": len(t.pus), "cores_in_pool": pool.n_total,
             "threads": threads + 1, "busy": busy, "mode": mode, "interval_s": interval, "pages_interval_s": pages_interval,
             "enforce": "none (dry run)" if dry_run else unit.enforcer.kind, "duration_s": duration,
-            "tick_cpu_ms": tst, "daemon_cpu_s": st["daemon_cpu_s"], "wall_s": st["wall_s"],
+            "tick_cpu_ms": tst, "ticks_ms": [round(m, 4) for m in ms], "daemon_cpu_s": st["daemon_cpu_s"],
+            "wall_s": st["wall_s"],
             "daemon_cpu_pct_of_core": st["daemon_cpu_pct_of_core"], "problems": d.problems, "notes": notes,
             "budget_ms": budget_ms(len(t.pus)), "budget_core_pct": BUDGET_CORE_PCT, "verdict": v,
         }

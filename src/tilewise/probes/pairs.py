@@ -11,20 +11,13 @@ Classes of a pair of CPUs (a, b), from nearest to farthest:
 from __future__ import annotations
 
 import random
-import statistics
 from collections import defaultdict
 
 from tilewise.errors import UsageError
+from tilewise.results import stats as S
 from tilewise.topology.model import Topology
 
-CLASSES = ("smt", "l3", "node", "package", "remote")
-CLASS_TITLES = {
-    "smt": "same core (SMT siblings)",
-    "l3": "within a chiplet (same L3)",
-    "node": "across chiplets, same NUMA node",
-    "package": "across NUMA nodes, same package",
-    "remote": "across packages",
-}
+CLASSES = ("smt", "l3", "node", "package", "remote")  # their titles: results.kinds.pairs.CLASS_TITLES
 # above this many ordered pairs, sample by class unless --full
 FULL_PAIRS_LIMIT = 240
 PER_CLASS = 4  # sampled pairs per class
@@ -111,8 +104,8 @@ def group_matrix(t: Topology, cpus, matrix, *, values: bool = False) -> dict[str
     for cls in CLASSES:
         v = vals.get(cls)
         if v:
-            out[cls] = {"mean": statistics.fmean(v), "median": statistics.median(v), "min": min(v), "max": max(v),
-                        "pairs": len(v)}
+            st = S.summarize(v)
+            out[cls] = {"mean": st["mean"], "median": st["median"], "min": st["min"], "max": st["max"], "pairs": st["n"]}
             if values:
                 out[cls]["values"] = v
     return out

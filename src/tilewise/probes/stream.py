@@ -195,20 +195,35 @@ def likwid_copy(cpus: Sequence[int], size: int, timeout_s: float = 300) -> dict:
     stores as STREAM does. Returns {"gbs": float} or {"error": "..."} (the exact message).
     """
     import shutil
-    import subprocess
 
     exe = shutil.which("likwid-bench")
     if not exe:
         return {"error": "likwid-bench not found (Debian package likwid)"}
     kb = max(1, 2 * size // 1000)
     cmd = [exe, "-t", likwid_kernel(), "-W", f"N:{kb}kB:{len(cpus)}"]  # -W: each thread first-touches its chunk, as ours
+    return reference_tool(cmd, timeout_s, likwid_gbs)
+
+
+def likwid_gbs(stdout: str) -> dict | None:
+    """likwid-bench's "MByte/s:" line as {"gbs": ...} (it counts loads and stores as STREAM does)."""
+    for line in stdout.splitlines():
+        if line.startswith("MByte/s:"):
+            return {"gbs": float(line.split()[1]) / 1000.0}
+    return None
+
+
+def reference_tool(cmd: list[str], timeout_s: float, parse: Callable[[str], dict | None]) -> dict:
+    """Run a reference tool through the process edge (own group, stopped on timeout): parse(stdout)
+    with the command line, or {"error": its last line, "command": ...}."""
+    import subprocess
+
     try:
         cp = launch.run(cmd, timeout=timeout_s, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s", "command": " ".join(cmd)}
-    for line in cp.stdout.splitlines():
-        if line.startswith("MByte/s:"):
-            return {"gbs": float(line.split()[1]) / 1000.0, "command": " ".join(cmd)}
+    got = parse(cp.stdout) if cp.returncode == 0 else None
+    if got is not None:
+        return got | {"command": " ".join(cmd)}
     msg = (cp.stderr.strip() or cp.stdout.strip() or f"exit status {cp.returncode}").splitlines()
     return {"error": msg[-1] if msg else f"exit status {cp.returncode}", "command": " ".join(cmd)}
 

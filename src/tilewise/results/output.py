@@ -4,15 +4,21 @@ fails early; every write is atomic and repeated after each case, so a late failu
 
 Files a kind owns that the current document does not produce (no rows yet, an interrupted run)
 are removed, so a folder never shows an older run's table or plot beside this run's results.
+
+A document that grows record by record while it is measured (the elastic daemon's log, ten records
+a second for hours) is written as JSON lines by ``LineWriter`` instead: rewriting it whole after
+each record would cost more the longer it runs; appending a flushed line costs the same each time,
+and a crash loses at most the line being written (``model.load`` reads what was written before).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from tilewise import fsutil
-from tilewise.errors import TilewiseError
+from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import report
 
 
@@ -76,3 +82,38 @@ class Writer:
                 pass
             if str(self.dir / fname) in self.written:
                 self.written.remove(str(self.dir / fname))
+
+
+class LineWriter:
+    """A results document as JSON lines: `header` (the envelope, model.new) on the first line, then
+    one record per `write`, each flushed. The file is opened (and the header written) when the
+    writer is made, so a bad path fails before the first measurement; path None writes nothing."""
+
+    def __init__(self, path: str | os.PathLike | None, header: dict | None = None, *, what: str = "--log") -> None:
+        self.path = path
+        self.f = None
+        if path is None:
+            return
+        try:
+            self.f = open(path, "w")
+        except OSError as e:
+            raise UsageError(f"cannot write {what} {path}: {e.strerror}") from None
+        self.write(header if header is not None else {})
+
+    def write(self, rec: dict) -> None:
+        if self.f is not None:
+            self.f.write(json.dumps(rec, default=str) + "\n")
+            self.f.flush()
+
+    __call__ = write
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+
+    def __enter__(self) -> LineWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,9 +1,12 @@
-"""Statistics of repeated measurements, as pyperf and hyperfine report them.
+"""Statistics of repeated measurements, as pyperf and hyperfine report them: the one place tilewise
+computes them (the harnesses, the elastic daemon, the probes and the tuner call these; the
+reporting module and the result kinds only show what they give).
 
 ``summarize(values)`` gives n, min/median/max, mean, the sample standard deviation (None with
 fewer than two values: one run has no spread), a 95 % confidence interval of the mean (Student's
 t; None with fewer than two values; cut at 0 for non-negative quantities) and the outliers (modified z-score of Iglewicz and Hoaglin,
-|z| > 3.5, from the median absolute deviation; none are flagged with fewer than four values).
+|z| > 3.5, from the median absolute deviation; none are flagged with fewer than four values);
+``summarize(values, percentiles=(95, 99))`` adds "p95" and "p99" (``percentile``).
 ``ratio_ci(a, b)`` is the 95 % interval of the ratio of the geometric means of two samples
 (Welch's t on the logarithms), for before/after comparisons.
 """
@@ -72,12 +75,26 @@ def outliers(values: Sequence[float]) -> list[int]:
     return [i for i, z in enumerate(scores) if abs(z) > OUTLIER_Z]
 
 
-def summarize(values: Sequence[float]) -> dict:
-    """n, min, median, max, mean, stdev, ci95 [low, high], rel_spread, outliers (indexes)."""
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The p-th percentile (0 <= p <= 100) by rank: the sorted values' element at index
+    floor(p / 100 x n), the last one past the end. So p50 is the upper median, and p99 of fewer
+    than 100 values is the largest (a tail figure never hides the worst tick). None without values."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"a percentile is between 0 and 100, not {p}")
+    xs = sorted(_finite(values))
+    if not xs:
+        return None
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
+
+
+def summarize(values: Sequence[float], *, percentiles: Sequence[float] = ()) -> dict:
+    """n, min, median, max, mean, stdev, ci95 [low, high], rel_spread, outliers (indexes), and
+    "p<P>" for each of `percentiles` (e.g. percentiles=(99,) adds "p99")."""
     xs = _finite(values)
+    pct = {f"p{p:g}": percentile(xs, p) for p in percentiles}
     if not xs:
         return {"n": 0, "min": None, "median": None, "max": None, "mean": None, "stdev": None, "ci95": None,
-                "rel_spread": None, "outliers": []}
+                "rel_spread": None, "outliers": [], **pct}
     med = statistics.median(xs)
     ci = mean_ci(xs)
     if ci and min(xs) >= 0:
@@ -92,7 +109,21 @@ def summarize(values: Sequence[float]) -> dict:
         "ci95": list(ci) if ci else None,
         "rel_spread": ((max(xs) - min(xs)) / med if med else None) if len(xs) > 1 else None,
         "outliers": outliers(xs),
+        **pct,
     }
+
+
+def query_stats(times: Sequence[float]) -> dict:
+    """The statistics a harness stores beside a query's raw times, with the unit in the key
+    (median_s, ci95_s, ...; stdev_s None with one run)."""
+    s = summarize(times)
+    return {"n": s["n"], "median_s": s["median"], "min_s": s["min"], "max_s": s["max"], "mean_s": s["mean"],
+            "stdev_s": s["stdev"], "ci95_s": s["ci95"], "rel_spread": s["rel_spread"], "outliers": s["outliers"]}
+
+
+def rounded(s: dict, keys: Sequence[str], digits: int = 4) -> dict:
+    """Some figures of a summary, rounded for a log or a table (None stays None)."""
+    return {k: (None if s.get(k) is None else round(s[k], digits)) for k in keys}
 
 
 def geomean(xs: Sequence[float | None]) -> float | None:

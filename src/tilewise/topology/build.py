@@ -105,6 +105,7 @@ def build(
     memory_caches: Sequence[RawMemCache] = (),
     memattrs: dict | None = None,
     notes: Sequence[dict] = (),
+    devices: Sequence = (),
 ) -> Topology:
     if not pus:
         raise UsageError(f"topology from {source} has no PUs", "check the file or description")
@@ -229,4 +230,5 @@ def build(
         memory_caches=caches,
         memattrs=dict(memattrs or {}),
         notes=tuple(notes),
+        devices=tuple(sorted(devices, key=lambda d: d.address)),
     )

@@ -12,6 +12,8 @@ Import reads what hwloc reads:
   have PUs with no NUMA node above them: hwloc shows them without one; tilewise puts them in an
   invented node named by their ``complete_nodeset`` and says so in ``Topology.notes``.
 - Without Package or Core objects, one package and one core per PU are invented and marked.
+- PCIDev objects of GPUs, accelerators and NICs (below Bridges, with their OSDevs: cuda0, nvml0,
+  eth0) become the model's devices (topology/pci.py), on the node of the object they hang from.
 
 Export writes hwloc 2.x XML that ``lstopo --input FILE`` accepts: Machine > Package > (Group per
 NUMA node when a package holds several) > L3Cache > Core > PU, or, where one L3 holds several
@@ -19,7 +21,8 @@ nodes (sub-NUMA clustering), Package > L3Cache > Group per node > Core > PU as h
 NUMA nodes as memory children (below their memory-side caches), CPU-less memory nodes attached to
 the Machine, the SLIT as a ``distances2`` matrix written as hwloc writes it (10 indexes or values
 per element; left out when it is the default one), memory attributes, and measured CPU-pair
-matrices (latency, bandwidth) as extra named ``distances2`` matrices over PUs. Invented objects
+matrices (latency, bandwidth) as extra named ``distances2`` matrices over PUs, and the devices as
+host Bridge > PCIDev > OSDev under their node's object (the Machine without a node). Invented objects
 are not written (a re-import invents them again), except invented NUMA nodes, marked with an info.
 """
 
@@ -34,6 +37,7 @@ from tilewise import cpulist
 from tilewise.cpulist import is_number as _digits
 from tilewise.errors import UsageError
 from tilewise.fsutil import atomic_write
+from tilewise.topology import pci
 from tilewise.topology.build import RawMemCache, RawNode, RawPU, build, note
 from tilewise.topology.model import Topology, human_bytes
 
@@ -158,6 +162,7 @@ class _Reader:
         self.orphans: list[tuple[int, str | None]] = []  # PUs without a NUMA node: (cpu, complete_nodeset)
         self.saw_package = self.saw_core = False
         self.unknown_packages = 0
+        self.devices: list = []  # PciDevice, in document order
 
     def err(self, what: str, hint: str = "") -> UsageError:
         return UsageError(f"{self.where}: {what}", hint or "produce the file with `lstopo --of xml FILE`")
@@ -245,8 +250,18 @@ class _Reader:
             raise self.err(f"unknown object type {raw_type[:30]!r}",
                            "hwloc rejects it too; produce the file with `lstopo --of xml FILE`")
         if typ in _IO:
-            return []  # PCI devices, bridges, OS devices, Misc: nothing the model holds (yet)
+            if typ == "Bridge":
+                return [c for c in obj if c.tag == "object"]
+            if typ == "PCIDev":  # GPUs, accelerators, NICs (topology/pci.py); its OSDevs are read with it
+                cpus = _mask(ctx.get("cpuset"), f"{self.where}: cpuset above PCIDev") or ()
+                dev = pci.from_hwloc(obj, ctx.get("node"), cpus, self.where)
+                if dev is not None:
+                    self.devices.append(dev)
+                return [c for c in obj if c.tag == "object" and _type(c) == "PCIDev"]  # behind a PCI switch function
+            return []  # OS devices (read with their PCIDev), Misc
         self.name(obj)
+        if obj.get("cpuset") is not None:
+            ctx["cpuset"] = obj.get("cpuset")
         objects = [c for c in obj if c.tag == "object"]
         if typ == "Package":
             self.saw_package = True
@@ -392,7 +407,23 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
         pus, list(nodes.values()), distances=distances, l3_sizes=r.l3_sizes, source=source,
         allowed_cpus=allowed, measurements=measurements, distances_source=dist_source,
         allowed_nodes=allowed_nodes, memory_caches=r.caches, memattrs=memattrs, notes=notes,
+        devices=_devices(r, nodes, notes),
     )
+
+
+def _devices(r: _Reader, nodes: dict, notes: list[dict]) -> list:
+    """The PCI devices read, one per address (an edited file listing one twice: the first, noted)."""
+    seen: dict[str, object] = {}
+    for d in r.devices:
+        if d.address in seen:
+            notes.append(note("warning", f"two PCIDev objects with pci_busid {d.address}: the first is kept"))
+            continue
+        seen[d.address] = d
+    unknown = [d for d in r.devices if d.numa_node is None]
+    if unknown and len(nodes) > 1:
+        notes.append(note("note", f"{len(unknown)} PCI device(s) ({', '.join(d.address for d in unknown)}) hang from an "
+                                  "object spanning several NUMA nodes or carry no node: their NUMA node is unknown"))
+    return list(seen.values())
 
 
 def _place_orphans(r: _Reader, machine: ET.Element, notes: list[dict]) -> tuple[list[RawPU], dict[int, RawNode]]:
@@ -627,12 +658,14 @@ def dumps(t: Topology) -> str:
             for p in c.pus:
                 obj(ce, "PU", [p], [c.numa_node], os_index=p)
 
+    node_parent: dict[int, ET.Element] = {}  # the object a node's PCI devices hang from
     for cpuless in [n for n in t.numa_nodes if n.cpuless]:
         mem_child(machine, cpuless, all_cpus)
     # a node whose CPUs are in several packages hangs from the Machine, as hwloc puts it
     wide = {n.id for n in t.cpu_nodes if len({t.core_of_cpu[p].package for p in n.cpus}) > 1}
     for nid in sorted(wide):
         mem_child(machine, t.node_by_id[nid], t.node_by_id[nid].cpus)
+        node_parent[nid] = machine
     for pkg in t.packages:
         pcores = [c for c in t.cores if c.package == pkg.id]
         pnodes = sorted({c.numa_node for c in pcores})
@@ -653,6 +686,7 @@ def dumps(t: Topology) -> str:
                     ncores = [c for c in bcores if c.numa_node == nid]
                     ge = obj(le, "Group", t.node_by_id[nid].cpus, [nid], kind=1001, subkind=0)
                     mem_child(ge, t.node_by_id[nid], t.node_by_id[nid].cpus)
+                    node_parent[nid] = ge
                     core_objs(ge, ncores)
                 continue
             # Nodes holding their L3s: Package > (Group per node when several) > NUMANode + L3Cache > Cores.
@@ -666,12 +700,20 @@ def dumps(t: Topology) -> str:
                     parent = obj(pe, "Group", node.cpus, [nid], kind=1001, subkind=0)
                 if nid not in wide:
                     mem_child(parent, node, node.cpus)
+                    node_parent[nid] = parent
                 for lid in sorted({c.l3 for c in ncores}):
                     lcores = [c for c in ncores if c.l3 == lid]
                     le = parent
                     if t.l3_known:
                         le = l3_obj(parent, t.l3_by_id[lid], sorted(p for c in lcores for p in c.pus), [nid])
                     core_objs(le, lcores)
+
+    # PCI devices as hwloc writes them: under the object whose CPUs are their locality (their node's
+    # Package or Group; the Machine when the firmware gave none), after the CPU objects
+    node_cpus = {n.id: n.cpus for n in t.cpu_nodes}
+    for d in t.devices:
+        nid = d.numa_node if d.numa_node in node_parent else pci.locate(d, node_cpus)[0]
+        pci.to_hwloc(node_parent.get(nid, machine), d, gp)
 
     def matrix(name: str | None, typ: str, kind: int, ids, rows) -> None:
         n = len(ids)

@@ -16,6 +16,7 @@ from functools import cached_property
 
 from tilewise import cpulist
 from tilewise.errors import UsageError
+from tilewise.topology.pci import PciDevice
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ class Topology:
     l3_known: bool = True  # False when no L3 information existed (one domain per node then)
     # Measured matrices keyed by name ("latency_ns", "bandwidth_gbs"): {"cpus": [...], "values": [[...]]}
     measurements: dict = field(default_factory=dict)
+    # PCI GPUs, accelerators and NICs with their NUMA node and local CPUs (topology/pci.py)
+    devices: tuple[PciDevice, ...] = ()
     # where the distance matrix comes from: firmware (the OS/firmware SLIT), user (added to the
     # XML by a tool such as hwloc-annotate), default (none in the source: 10 local, 20 remote) or
     # partial (the source's, with 10/20 for nodes the model invented)
@@ -183,6 +186,15 @@ class Topology:
     @property
     def cpu_nodes(self) -> tuple[NumaNode, ...]:
         return tuple(n for n in self.numa_nodes if n.cpus)
+
+    @property
+    def gpus(self) -> tuple[PciDevice, ...]:
+        """GPUs and other accelerators, in PCI address order."""
+        return tuple(d for d in self.devices if d.is_gpu)
+
+    @property
+    def nics(self) -> tuple[PciDevice, ...]:
+        return tuple(d for d in self.devices if d.kind == "nic")
 
     @property
     def smt(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tilewise import cpulist
+from tilewise.topology import tiers
 from tilewise.topology.model import Topology, human_bytes, summary_line  # noqa: F401 - part of this module's API
 
 
@@ -84,11 +85,50 @@ def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
         lines.append(f"  Allowed CPUs: {cpulist.format(t.allowed_cpus)}")
     if t.allowed_nodes is not None:
         lines.append(f"  Allowed memory nodes: {cpulist.format(t.allowed_nodes) or 'none'}")
+    lines.extend(device_lines(t))
     for key, m in sorted(t.measurements.items()):
         lines.append(f"  Measured: {key} over {len(m['cpus'])} CPUs")
     for name, attr in sorted(t.memattrs.items()):
         lines.append(f"  Memory attribute {name}: {len(attr['values'])} value(s) (see --json)")
+    lines += tier_lines(t)
     return lines
+
+
+def device_lines(t: Topology) -> list[str]:
+    """GPUs, accelerators and NICs, by NUMA node (the firmware's, or none)."""
+    lines = []
+    for d in t.devices:
+        node = f"NUMA P#{d.numa_node}" if d.numa_node is not None else "no NUMA node (firmware: -1)"
+        facts = [x for x in (human_bytes(d.memory_bytes) if d.memory_bytes else None, d.uuid,
+                             ",".join(d.os_devices) or None) if x]
+        lines.append(f"  {d.kind.upper() if d.kind in ('gpu', 'nic') else d.kind.capitalize()} {d.address} "
+                     f"{d.name or d.vendor or hex(d.vendor_id)} [{d.vendor_id:04x}:{d.device_id:04x}]  {node}, "
+                     f"local cpus {cpulist.format(d.local_cpus) or 'unknown'}" + (f"  ({'; '.join(facts)})" if facts else ""))
+    return lines
+
+
+def tier_lines(t: Topology) -> list[str]:
+    """Each node's memory tier and, for a CPU-less node, its nearest CPUs and what that was decided on
+    (measured latency, else the firmware's figures, else SLIT distance); shown where the machine has
+    CPU-less nodes or memory figures."""
+    if not any(n.cpuless for n in t.numa_nodes) and not t.memattrs:
+        return []
+    fig = tiers.figures(t)
+    ktiers = fig.firmware.tiers if fig.firmware else ()
+    head = "  Memory tiers" + (" (kernel: " + "; ".join(f"tier {k.id} = node(s) {cpulist.format(k.nodes)}" for k in ktiers)
+                                + ")" if ktiers else "") + ":"
+    out = [head]
+    for nt in tiers.classify(t, measured=fig.measured, firmware=fig.firmware):
+        if nt.nearest is None:
+            out.append(f"    node {nt.node}: {nt.tier} (its CPUs' local memory)")
+            continue
+        ratios = ", ".join(x for x in (f"latency {nt.latency_ratio:.2f}x" if nt.latency_ratio else "",
+                                        f"read bandwidth {nt.bandwidth_ratio:.2f}x" if nt.bandwidth_ratio else "") if x)
+        out.append(f"    node {nt.node}: {nt.tier}; nearest CPUs: node(s) {cpulist.format(nt.nearest.initiators)} by "
+                   f"{nt.nearest.source}" + (f" ({nt.nearest.value:g} ns)" if nt.nearest.source != tiers.SRC_SLIT else
+                                             f" ({nt.nearest.value:g})")
+                   + (f"; {ratios} of their local memory ({nt.basis})" if ratios else f"; decided on {nt.basis}"))
+    return out
 
 
 DIST_SOURCE_WORDS = {
@@ -157,5 +197,7 @@ def to_json(t: Topology) -> dict:
              "initiator_cpus": cpulist.format(v["initiator_cpus"]) if v["initiator_cpus"] is not None else None}
             for v in a["values"]]} for name, a in t.memattrs.items()},
         "measurements": t.measurements,
+        "devices": [d.to_json() for d in t.devices],
+        "memory_tiers": [x.to_json() for x in tiers.classify(t, **vars(tiers.figures(t)))] if len(t.numa_nodes) > 1 or t.memattrs else [],
         "notes": [dict(n) for n in t.notes],
     }

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tilewise import cpulist
 from tilewise.errors import UsageError
+from tilewise.topology import firmware, pci
 from tilewise.topology.build import RawMemCache, RawNode, RawPU, build, note
 from tilewise.topology.model import Topology
 
@@ -267,13 +268,18 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
     if any(isinstance(p.package, tuple) for p in pus):
         notes.append(note("note", "physical_package_id is missing or -1: packages are the package_cpus/core_siblings "
                                   "groups, OS index unknown, as hwloc reads them"))
+    sys_root = pci.sysfs_root_of(base)
+    devices = pci.read_sysfs(sys_root) if sys_root is not None else []
+    # the firmware's memory figures (HMAT) and the kernel's memory tiers, as hwloc memattrs
+    fw = firmware.read(base.parent.parent)
+    memattrs = firmware.to_memattrs(fw, {n.id: tuple(n.cpus) for n in raw_nodes})
     return build(pus, raw_nodes, distances=distances, l3_sizes=l3_sizes, source=f"sysfs:{root}",
-                 allowed_cpus=allowed_cpus, memory_caches=caches, notes=notes)
+                 allowed_cpus=allowed_cpus, memory_caches=caches, notes=notes, devices=devices, memattrs=memattrs)
 
 
 def _memory_kind(base: Path, nid: int) -> str:
     """Best-effort technology of a CPU-less node (memory tiers, dax); 'memory' when unknown."""
-    tiers = base / "memory_tiering"
+    tiers = base.parent / "virtual" / "memory_tiering"  # /sys/devices/virtual, beside /sys/devices/system
     if tiers.is_dir():
         for t in sorted(tiers.glob("memory_tier*")):
             nodes = _read_opt(t / "nodelist")

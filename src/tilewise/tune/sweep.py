@@ -15,12 +15,12 @@ the grid: the speedup is reported against it.
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import stats as S
 from tilewise.tune.knobs import Config
 
 UNSTABLE_SPREAD = 0.10  # (max - min) / median above this: warn
@@ -48,25 +48,24 @@ class Case:
     warmups: list[float] = field(default_factory=list)  # the unmeasured runs' times, kept
 
     @property
+    def stats(self) -> dict:
+        return S.summarize(self.times)
+
+    @property
     def median(self) -> float | None:
-        return statistics.median(self.times) if self.times else None
+        return self.stats["median"]
 
     @property
     def spread(self) -> float | None:
-        """(max - min) / median of the measured runs."""
-        if len(self.times) < 2 or not self.median:
-            return 0.0 if self.times else None
-        return (max(self.times) - min(self.times)) / self.median
+        """(max - min) / median of the measured runs (0 with one run or a zero median)."""
+        return (self.stats["rel_spread"] or 0.0) if self.times else None
 
     def summary(self) -> dict:
-        from tilewise.results import stats
-
-        s = stats.summarize(self.times)
+        s = self.stats
         return {"case": self.index, "label": self.config.label(), "config": self.config.to_json(),
-                "runs": len(self.times), "failures": self.failures, "median_s": self.median,
-                "min_s": min(self.times) if self.times else None, "max_s": max(self.times) if self.times else None,
-                "spread": self.spread, "stdev_s": s["stdev"], "ci95_s": s["ci95"], "outliers": s["outliers"],
-                "warmup_s": list(self.warmups)}
+                "runs": s["n"], "failures": self.failures, "median_s": s["median"], "min_s": s["min"],
+                "max_s": s["max"], "spread": self.spread, "stdev_s": s["stdev"], "ci95_s": s["ci95"],
+                "outliers": s["outliers"], "warmup_s": list(self.warmups)}
 
 
 @dataclass

@@ -14,13 +14,11 @@ from dataclasses import asdict, dataclass
 
 from tilewise import allocators, changes, launch, native, procs, verification
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results.kinds.workload import DESCRIPTIONS  # noqa: F401 - the workloads' titles, owned by their results kind
 from tilewise.tune.knobs import Config, thread_order
 
 BINARIES = {"W1": "tw_w1_holistic", "W2": "tw_w2_distributive", "W3": "tw_w3_hashjoin", "W4": "tw_w4_inlj",
             "alloc": "tw_allocbench"}
-DESCRIPTIONS = {"W1": "holistic aggregation (median per group)", "W2": "distributive aggregation (count per group)",
-                "W3": "non-partitioned hash join (build 1 : probe 16)", "W4": "index nested-loop join (B+-tree)",
-                "alloc": "allocator microbenchmark (allocate+write / read+free)"}
 AGG_DATASETS = ("moving-cluster", "sequential", "zipf")
 # The paper's sizes (003 section 4.2): 100M records / 1M groups; 16M x 256M; 100M ops per thread.
 PAPER_SCALE = {"W1": {"records": 100_000_000, "groups": 1_000_000}, "W2": {"records": 100_000_000, "groups": 1_000_000},
@@ -116,19 +114,21 @@ def _allocator_check(cfg: Config, libs: list[str]) -> bool:
     return os.path.basename(lib) in libs
 
 
-def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str, *, capture: bool):
-    """Start cmd bound by cfg, verify the binding, wait (with a time limit), always reap.
+def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str, *, capture: bool,
+               cpus: tuple[int, ...] | None = None, env: dict | None = None):
+    """Start cmd bound by cfg (and to cpus when given), verify the binding, wait (with a time
+    limit), always reap. env: the child's environment (default: ours).
 
     Returns (stdout bytes or None, wall seconds, Verification); a non-zero exit is a TilewiseError
     carrying the last lines of the command's stderr.
     """
-    b = cfg.binding()
+    b = cfg.binding(cpus)
     with tempfile.TemporaryFile() as errf:
         journal = changes.Session(f"tune run {os.path.basename(cmd[0])}")  # restore stops it after a kill -9
         token = launch.journal_start(journal, cmd)  # before the clock starts
         t0 = time.perf_counter()
         proc = launch.spawn(cmd, b, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=errf,
-                            stdin=subprocess.DEVNULL, token=token)
+                            stdin=subprocess.DEVNULL, token=token, env=env)
         try:
             v = verification.verify(proc.pid, b, allocator_wait_s=0.2)
             try:
