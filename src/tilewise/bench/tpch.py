@@ -367,6 +367,7 @@ class _Ctx:
     stream_ids: list = field(default_factory=list)  # the streams a run has (0: the power test)
     prepared: set = field(default_factory=set)  # NULL orders whose references are computed
     no_reference: dict = field(default_factory=dict)  # query -> why the reference has no answer
+    stopping: bool = False  # the run is being torn down: an engine error now is not a query's
     _engine_sql: dict = field(default_factory=dict)
 
     def engine_sql(self, n: QueryId, stream: int) -> str:
@@ -711,7 +712,7 @@ def _ask(engine, ctx: _Ctx, n: QueryId, stream: int, answers: list[Answer], lock
     try:
         res = engine.run_query(ctx.engine_sql(n, stream))
     except TilewiseError as e:
-        if not _healthy(engine):
+        if ctx.stopping or not _healthy(engine):
             raise
         a = Answer(n, stream, [], -1, lo, ctx.states.upper(), error=" ".join(str(e).split()) or type(e).__name__)
         elapsed = None
@@ -787,6 +788,7 @@ def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> di
         for f in futures:
             f.result()
     except BaseException:
+        ctx.stopping = True  # the other streams' errors from here on end them, not their queries
         engine.stop()  # unblocks the other streams (their instances are gone)
         raise
     finally:
