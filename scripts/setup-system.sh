@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the Debian packages tilewise needs, only those missing. Root or sudo required for a missing one.
+# Install the Debian packages tilewise needs, only those missing. Root (or sudo without a password)
+# is needed for a missing one; without it, the missing ones are listed with the command to run.
 set -euo pipefail
 PKGS=(
   python3 python3-venv g++ make
@@ -16,12 +17,22 @@ if [ ${#missing[@]} -eq 0 ]; then
   echo "setup-system: all Debian packages present"
   exit 0
 fi
-echo "setup-system: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "Error: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  SUDO="sudo"
+  # without root: sudo only when it works without a password prompt; otherwise the list, once
+  if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    SUDO="sudo"
+  else
+    {
+      echo "Error: ${#missing[@]} Debian package(s) are missing and installing them needs root: ${missing[*]}"
+      echo "  an administrator runs: apt-get install --no-install-recommends ${missing[*]}"
+      echo "  meanwhile \`make venv native\` sets up your own venv; qemu-system-x86, linux-image-amd64 and"
+      echo "  busybox-static are only for the QEMU guest tests (tests/vm), openjdk-17 only for Spark"
+    } >&2
+    exit 1
+  fi
 fi
+echo "setup-system: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -125,6 +125,15 @@ def state_env(tmp_path):
 
 
 @pytest.fixture
+def sleeper():
+    """A process of ours that sleeps (a target to bind, move or refuse)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+@pytest.fixture
 def cli():
     return run_cli
 

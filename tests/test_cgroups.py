@@ -43,14 +43,6 @@ def make_group(path: Path, *, controllers="cpuset cpu io memory pids", subtree="
         (path / "cpuset.cpus.effective").write_text("0-1\n")
 
 
-@pytest.fixture
-def sleeper():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield p
-    p.kill()
-    p.wait()
-
-
 def fake_proc(tmp_path, pid: int, rel: str) -> str:
     """A /proc where pid's stat and threads are the real ones and its cgroup is `rel` on v2."""
     d = tmp_path / "proc" / str(pid)

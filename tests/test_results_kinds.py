@@ -174,7 +174,7 @@ def test_log_is_written_line_by_line_and_a_cut_log_still_loads(tmp_path):
 
 
 def test_replay_of_something_else_is_a_one_line_error(tmp_path):
-    from tilewise.cli.elastic import read_log
+    from tilewise.elastic.session import read_log
 
     with pytest.raises(UsageError, match="not a tilewise elastic log: it holds tpch results"):
         read_log(str(V2 / "tpch.json"))

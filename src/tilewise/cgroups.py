@@ -137,6 +137,9 @@ class CgroupDir(Target):
     def describe(self, key: str) -> str:
         return f"cgroup {self.path}"
 
+    def needs(self, key: str, value) -> changes.Needs:
+        return changes.Needs(writes=(self.parent, os.path.join(self.parent, "cgroup.procs")))
+
     def get(self, key: str):
         return {"present": True} if os.path.isdir(self.path) else "absent"
 
@@ -245,6 +248,10 @@ class CgroupMember(Target):
             raise Gone(f"pid {self.pid} exited")
         return rel
 
+    def needs(self, key: str, value) -> changes.Needs:
+        return changes.Needs(writes=(os.path.join(join(self.root, value), "cgroup.procs"),)) \
+            if ProcId(self.pid, self.start).alive(self.proc) else changes.Needs()
+
     def set(self, key: str, value: str) -> None:
         if not ProcId(self.pid, self.start).alive(self.proc):
             raise Gone(f"pid {self.pid} exited")
@@ -281,6 +288,9 @@ class CgroupController(Target):
         except FileNotFoundError:
             raise Gone(f"{self.group} does not exist") from None
         return "on" if self.controller in text.split() else "off"
+
+    def needs(self, key: str, value) -> changes.Needs:
+        return changes.Needs(writes=(os.path.join(self.group, "cgroup.subtree_control"),))
 
     def set(self, key: str, value: str) -> None:
         if value == "off":
@@ -357,7 +367,18 @@ def plan_v2(root: str, *, group: str | None = None, pid: int | None = None, tree
     if enable and not may_enable:
         return (f"cgroup v2: cpuset is not enabled in {enable[0]}/cgroup.subtree_control "
                 "(`--enforce cgroup` enables it for the run, journaled and undone)")
-    target = g if mode == "constrain" else root
-    if not os.access(target, os.W_OK):
-        return f"{target} is not writable (run as root)"
-    return V2Plan(mode, target, enable)
+    return V2Plan(mode, g if mode == "constrain" else root, enable)
+
+
+def v2_writes(plan: V2Plan) -> list[tuple[str, str]]:
+    """What carrying out plan writes, as (what, path): the admission checks each before anything
+    changes. constrain: the group's own cpuset.cpus (never writable by the user a group is
+    delegated to: it is the parent's resource control); move: a new child of the root and the
+    root's cgroup.procs (the common ancestor of the old and the new group); both: the
+    cgroup.subtree_control of every group where cpuset must be enabled."""
+    out = [("cgroup.subtree_control of", os.path.join(g, "cgroup.subtree_control")) for g in plan.enable]
+    if plan.mode == "constrain":
+        out.append(("cpuset.cpus of", os.path.join(plan.group, "cpuset.cpus")))
+    else:
+        out += [("the cgroup", plan.group), ("cgroup.procs of", os.path.join(plan.group, "cgroup.procs"))]
+    return out

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tilewise import cpulist, procs, signals
+from tilewise import admission, cpulist, procs, signals
 from tilewise.dirs import state_dir
 from tilewise.errors import TilewiseError
 from tilewise.fsutil import atomic_write_json
@@ -94,12 +94,26 @@ class Target(abc.ABC):
     def show(self, value: Any) -> str:
         return str(value)
 
+    def needs(self, key: str, value: Any) -> Needs:
+        """What writing value takes (for admission before an undo): files it writes, and
+        processes whose CPU affinity it sets. Default: nothing beyond our own files."""
+        return Needs()
+
     @abc.abstractmethod
     def to_json(self) -> dict: ...
 
     @classmethod
     def from_json(cls, d: dict) -> Target:
         return cls(**d)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one change writes: paths (files or directories to create entries in) and the pids of
+    processes it re-binds (tilewise.admission decides whether this caller may)."""
+
+    writes: tuple[str, ...] = ()
+    rebinds: tuple[int, ...] = ()
 
 
 KINDS: dict[str, type[Target]] = {}
@@ -170,6 +184,9 @@ class FileValue(Target):
         except (ValueError, TilewiseError) as e:
             raise OSError(5, f"cannot parse {self.path}: {e}") from None
 
+    def needs(self, key: str, value: Any) -> Needs:
+        return Needs(writes=(self.path,))
+
     def set(self, key: str, value: str) -> None:
         with open(self.path, "w") as f:
             f.write(f"{value}\n")
@@ -239,6 +256,9 @@ class ProcessAffinity(Target):
                 errors.append(f"task {tid}: {e.strerror}")
         if errors:
             raise OSError(1, f"sched_setaffinity({self.show(value)}): " + "; ".join(errors[:3]))
+
+    def needs(self, key: str, value: Any) -> Needs:
+        return Needs(rebinds=(self.pid,)) if ProcId(self.pid, self.start).alive(self.proc) else Needs()
 
     def same(self, key: str, current, wanted) -> bool:
         threads = (current or {}).get("threads", {})
@@ -619,7 +639,11 @@ class Session:
             if not stale_journal:
                 self._write_lock(key, what)
         if stale_journal:
-            rep = restore_journal(Path(stale_journal))
+            jr = restore_one(Path(stale_journal))
+            if jr.state == "refused":
+                raise TilewiseError(f"what a dead run left on {what} is not ours to undo: {jr.detail}",
+                                    "run `tilewise restore` as root first")
+            rep = jr.undo if jr.state in ("restored", "failed") else None
             if rep is not None:
                 self.notes += [f"undid what a run that did not exit cleanly left: {line}" for line in rep.lines()]
                 if not rep.ok:
@@ -696,6 +720,18 @@ class Session:
         self.journal.save()
         return c
 
+    def drop(self, which) -> None:
+        """Forget the journaled changes for which `which(change)` is true: changes that never
+        happened (a process whose start failed). An empty journal is removed."""
+        kept = [c for c in self.journal.changes if not which(c)]
+        if len(kept) == len(self.journal.changes):
+            return
+        self.journal.changes = kept
+        if kept or self.journal.locks:
+            self.journal.save()
+        else:
+            self.journal.remove()
+
     def protect(self, target: Target, key: str, *, origin: Any = None, lock: bool = False) -> Change | None:
         """Journal the current value of something our next change may disturb as a side effect
         (moving a task between cpusets resets its CPU mask), so undo puts it back."""
@@ -760,7 +796,7 @@ def _why(e: BaseException) -> str:
 @dataclass
 class JournalReport:
     path: str
-    state: str  # restored | failed | running | earlier-boot | busy | unreadable
+    state: str  # restored | failed | refused | running | earlier-boot | busy | unreadable
     owner: Owner | None = None
     purpose: str = ""
     undo: UndoReport | None = None
@@ -773,6 +809,7 @@ class JournalReport:
                 "running": f"left alone: {who} is still running",
                 "earlier-boot": f"discarded {self.path}: written before the last reboot, which reset everything it recorded",
                 "busy": f"left alone: {self.path} is being restored by another tilewise",
+                "refused": f"left alone (journal kept: {self.path}): {self.detail}",
                 "unreadable": f"cannot use {self.path}: {self.detail}"}[self.state]
         return [head] + [f"  {line}" for line in (self.undo.lines() if self.undo else [])]
 
@@ -844,10 +881,37 @@ def restore_one(path: Path, base: Path | None = None) -> JournalReport:
             return JournalReport(str(path), "restored", j.owner, j.purpose, UndoReport())
         except TilewiseError as e:
             return JournalReport(str(path), "unreadable", detail=str(e))
+        refused = undo_refusals(j.changes)
+        if refused:  # admission: nothing of it is undone (not half of it), the journal stays
+            return JournalReport(str(path), "refused", j.owner, j.purpose, detail=str(admission.Refused(refused)))
         undo = _undo_journaled(j)
         if undo.ok:
             _remove_locks_of(base, j)
         return JournalReport(str(path), "restored" if undo.ok else "failed", j.owner, j.purpose, undo)
+
+
+def undo_refusals(items: list[Change], caller: admission.Caller | None = None) -> list[admission.Refusal]:
+    """Admission before undoing: for every change not already back at its old value, may this
+    caller write what the undo writes and re-bind the processes it re-binds?"""
+    who = caller or admission.caller()
+    way_out = "run `tilewise restore` as root (sudo tilewise restore), or as the user whose run it was"
+    out: list[admission.Refusal] = []
+    for c in items:
+        try:
+            if c.target.same(c.key, c.target.get(c.key), c.old):
+                continue
+        except (Gone, OSError, TilewiseError, ValueError):
+            continue  # gone, or unreadable: undo_one says so item by item
+        n = c.target.needs(c.key, c.old)
+        for path in n.writes:
+            r = admission.write_refusal(who, admission.access(path), c.describe(), way_out)
+            if r is not None:
+                out.append(r)
+        for p in admission.processes(n.rebinds, getattr(c.target, "proc", "/proc")):
+            why = admission.may_set_affinity(who, p)
+            if why is not None:
+                out.append(admission.Refusal("restore the CPUs of", p.label(), p.owner, why, way_out))
+    return out
 
 
 def restore_all(base: Path | None = None) -> list[JournalReport]:

@@ -93,6 +93,15 @@ def spawn(argv: Sequence[str], b: Binding | None = None, *, env: dict | None = N
     if journal is not None and token is None:
         token = journal_start(journal, argv)
     token = token or uuid.uuid4().hex[:16]
+    try:
+        return _spawn(argv, b, env, die_with_parent, token, **popen_kwargs)
+    except Exception:  # nothing was started (Popen reaps a child whose exec failed): no record of it stays
+        if journal is not None:
+            journal.drop(lambda c: getattr(c.target, "token", None) == token)
+        raise
+
+
+def _spawn(argv, b: Binding, env, die_with_parent: bool, token: str, **popen_kwargs) -> Child:
     r, w = os.pipe()
     try:
         child = Child(list(argv), env=child_env(b, env, token), preexec_fn=_preexec(b, die_with_parent, w),

@@ -464,6 +464,78 @@ def check_cgroup_inplace() -> dict:
     return out
 
 
+def _as_nobody() -> tuple[list[str], dict]:
+    """argv prefix and environment that run tilewise as nobody (uid 65534) with a private HOME: the
+    guest's interpreter when nobody can start it (and it can start itself again), else the
+    system's of the same version with the shared site-packages (a venv whose base interpreter sits
+    under root's 0700 home cannot be started by nobody)."""
+    import sysconfig
+
+    home = WORK / "nobody"
+    home.mkdir(exist_ok=True)
+    os.chown(home, 65534, 65534)
+    os.chmod(WORK, 0o755)  # nobody reaches its HOME (and the flag files its targets watch)
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+    src = str(HERE.parents[1] / "src")
+    check = "import subprocess, sys; subprocess.run([sys.executable, '-s', '-c', 'import tilewise.cli'], check=True)"
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for py, path in ((PY, src), (f"/usr/bin/{ver}", f"{src}:{sysconfig.get_paths()['purelib']}")):
+        env = {"HOME": str(home), "PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": path, "NO_COLOR": "1",
+               "TILEWISE_STATE_DIR": str(home / "state")}
+        if subprocess.run([*prefix, py, "-s", "-c", check], env=env, capture_output=True, timeout=300).returncode == 0:
+            return [*prefix, py, "-s", "-m", "tilewise"], env
+    raise RuntimeError("nobody can run no Python with tilewise here")
+
+
+def check_cgroup_delegated() -> dict:
+    """cgroup v2 delegation, as systemd's Delegate=yes leaves a user's scope: the scope's directory,
+    cgroup.procs, cgroup.threads and cgroup.subtree_control are nobody's, its cpuset.cpus stays
+    root's (the parent's resource control). As nobody: a child group `db` of the scope (made by
+    nobody, +cpuset handed down by nobody) holds the target; elastic --cgroup on the scope itself is
+    refused in one line (its cpuset.cpus is not nobody's); on `db` it runs and restores."""
+    root = Path("/sys/fs/cgroup")
+    slice_, scope = root / "user.slice", root / "user.slice" / "u.scope"
+    (root / "cgroup.subtree_control").write_text("+cpuset")
+    slice_.mkdir(exist_ok=True)
+    (slice_ / "cgroup.subtree_control").write_text("+cpuset")
+    scope.mkdir(exist_ok=True)
+    for f in (scope, scope / "cgroup.procs", scope / "cgroup.threads", scope / "cgroup.subtree_control"):
+        os.chown(f, 65534, 65534)
+    argv, env = _as_nobody()
+    setpriv = argv[:5]
+    db = scope / "db"
+    out: dict = {"mkdir": subprocess.run([*setpriv, "sh", "-c", f"mkdir {db} && echo +cpuset > {scope}/cgroup.subtree_control"],
+                                         capture_output=True, text=True).stderr}
+    flag = WORK / "burn-delegated"
+    flag.touch()
+    target = subprocess.Popen([*setpriv, argv[5], "-c", BURNER, "1", str(flag)],
+                              stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out["target_ready"] = target.stdout.readline().strip()
+        for p in [target.pid, *_children(target.pid)]:
+            (db / "cgroup.procs").write_text(str(p))  # as systemd-run --user --scope would place it
+
+        def state() -> dict:
+            return {"cpus": _read(db / "cpuset.cpus"), "affinity": sorted(os.sched_getaffinity(target.pid)),
+                    "cgroup": _read(Path(f"/proc/{target.pid}/cgroup")),
+                    "owners": {"db": (db / "cpuset.cpus").stat().st_uid, "scope": (scope / "cpuset.cpus").stat().st_uid}}
+
+        def cli_as_nobody(*args: str) -> dict:
+            t0 = time.monotonic()
+            cp = subprocess.run([*argv, *args], capture_output=True, text=True, env=env, timeout=600)
+            return _result(args, cp.returncode, cp.stdout, cp.stderr, t0)
+
+        out["before"] = state()
+        out["scope"] = cli_as_nobody("elastic", "--cgroup", str(scope), "--duration", "3", "--json")
+        out["db"] = cli_as_nobody("elastic", "--cgroup", str(db), "--mode", "sparse", "--interval", "0.3",
+                                  "--duration", "4", "--json")
+        out["after"] = state()
+        out["journals"] = sorted(str(p) for p in (WORK / "nobody" / "state").rglob("journals/*.json"))
+    finally:
+        _end_target(target, flag)
+    return out
+
+
 def check_probes() -> dict:
     """Core-to-core latency over a few CPUs (TILEWISE_GUEST_PROBE_CPUS): the grouping is checked,
     not the values (meaningless under TCG)."""
@@ -548,7 +620,7 @@ def check_pytest() -> dict:
 CHECKS = {"sysfs": check_sysfs, "topo": check_topo, "plan": check_plan, "exec": check_exec, "bench": check_bench,
           "elastic": check_elastic, "up": check_up, "cgroup": check_cgroup, "cgroup_inplace": check_cgroup_inplace,
           "probes": check_probes, "pytest": check_pytest, "hmat": check_hmat, "memprobe": check_memprobe,
-          "tiers": check_tiers}
+          "tiers": check_tiers, "cgroup_delegated": check_cgroup_delegated}
 
 
 def main(argv: list[str]) -> int:

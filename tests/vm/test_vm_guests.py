@@ -35,7 +35,7 @@ CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the 
     "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "up", "elastic", "probes", "bench"],
     "l3-spans-nodes": ["sysfs", "topo", "plan", "exec", "probes"],
     "four-node-asym": ["sysfs", "topo", "plan", "exec", "up"],
-    "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace"],
+    "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace", "cgroup_delegated"],
     "smt": ["sysfs", "topo", "plan", "exec"],
     "single-node": ["sysfs", "topo", "plan", "exec"],
     "hmat-tiers": ["sysfs", "topo", "hmat", "memprobe", "tiers"],
@@ -659,3 +659,27 @@ def test_placement_by_tier(guests, name):
         assert w["rc"] == 1 and w["stderr"].startswith("Error: memory policy weighted-interleave is not supported by "
                                                       "this kernel") and "6.9" in w["stderr"], w["stderr"]
         assert w["stderr"].count("\n") == 1 and r["weights_after"] is None
+
+
+def test_cgroup2_delegation_to_a_user(guests):
+    """As nobody, in a scope delegated the way systemd's Delegate=yes does it: the scope's own
+    cpuset.cpus is root's, so elastic on the scope is refused in one line (exit 2, the way out
+    named); a child group nobody made is nobody's to constrain: cores granted, everything restored,
+    no journal left."""
+    r = guests.check("cgroup2", "cgroup_delegated")
+    assert r["mkdir"] == "" and r["target_ready"] == "ready", r
+    before = r["before"]
+    assert before["cgroup"] == "0::/user.slice/u.scope/db" and before["owners"] == {"db": 65534, "scope": 0}, before
+    scope = r["scope"]
+    err = scope["stderr"].strip()
+    assert scope["rc"] == 2 and err.startswith("Error: ") and len(err.splitlines()) == 1, scope
+    assert "cpuset.cpus of /sys/fs/cgroup/user.slice/u.scope (owned by root)" in err and "Delegate=yes" in err, err
+    s = ok(r["db"])
+    assert s["enforce"] == ["cgroup-v2 in place"] and s["restored"] and not s["problems"] and not s["partial"], s
+    assert s["allocations"] >= 1, s
+    after = r["after"]
+    # as in place above: 6.1 refuses an empty cpuset.cpus on a group with tasks; then the parent's CPUs, said so
+    whole = f"0-{TOPOLOGIES['cgroup2'].ncpus - 1}"
+    kept = [n for n in s["notes"] if "does not let a group with tasks go back" in n]
+    assert after["cpus"] in (before["cpus"], whole) and bool(kept) == (after["cpus"] != before["cpus"]), (after, s)
+    assert after["affinity"] == before["affinity"] and after["cgroup"] == before["cgroup"] and r["journals"] == []

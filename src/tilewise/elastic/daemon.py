@@ -220,6 +220,7 @@ class Daemon:
     ticks: int = 0
     tick_cpu: list = field(default_factory=list)  # seconds of CPU per tick (this thread)
     problems: list = field(default_factory=list)
+    uncontrolled: list = field(default_factory=list)  # processes left alone, each said once (why)
     restored: list = field(default_factory=list)
     stop_reason: str = ""
     stopped: bool = False  # set from another thread to end run() after the current tick
@@ -300,7 +301,14 @@ class Daemon:
             if not self.dry_run and u.enforcer is not None:
                 probs = u.enforcer.apply(u.cpus, tasks)
                 if probs:
-                    self.problems.extend(probs)
+                    denied = set(u.enforcer.denied.values())
+                    for line in probs:
+                        if line in denied:  # once per process, with the reason; the rest stays controlled
+                            self.uncontrolled.append(f"{u.name}: {line}")
+                            out.append({"t": round(now - self.t0, 6), "unit": u.name, "event": "not controlled",
+                                        "detail": line})
+                        else:
+                            self.problems.append(line)
             rec = u.record(now - self.t0, load, res)
             rec["busy"] = round(m["busy"], 3)
             rec["threads"] = m["threads"]

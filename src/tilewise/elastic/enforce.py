@@ -24,10 +24,11 @@ target) undoes.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 
-from tilewise import cgroups, changes, cpulist
+from tilewise import admission, cgroups, changes, cpulist
 from tilewise.cgroups import mounts, task_cgroup  # noqa: F401 - where callers look for them
 from tilewise.changes import Busy, Gone, ProcessAffinity
 from tilewise.errors import TilewiseError
@@ -40,8 +41,9 @@ class Enforcer:
     kind = "affinity"
 
     def __init__(self, *, target_pid: int | None = None, cgroup_path: str | None = None, proc: str = "/proc",
-                 reason: str = "", session: changes.Session | None = None):
+                 reason: str = "", session: changes.Session | None = None, caller: admission.Caller | None = None):
         self.target_pid = target_pid
+        self.caller = caller or admission.caller()
         self.cgroup_path = cgroup_path
         self.proc = proc
         self.reason = reason
@@ -56,6 +58,7 @@ class Enforcer:
         self.path: str | None = None  # a group we created, if any
         self.active = False
         self.kept: list[str] = []  # undo items done the nearest possible way (said in the summary)
+        self.denied: dict[int, str] = {}  # pid -> why it is not controlled (said once, then left alone)
 
     @property
     def journal_path(self):
@@ -93,6 +96,26 @@ class Enforcer:
     def _new_pids(self, tasks: dict[int, int]) -> list[int]:
         return sorted(set(tasks.values()) - self.seen)
 
+    def admit(self, pid: int) -> str | None:
+        """A process that joined the tree: None when this caller may re-bind it, else the line that
+        says once why it stays uncontrolled (and it is left alone from then on)."""
+        if pid in self.denied:
+            return None
+        p = admission.process(pid, self.proc)
+        why = admission.may_set_affinity(self.caller, p) if p is not None else None
+        return self.deny(pid, why, p) if why else None
+
+    def deny(self, pid: int, why: str, p: admission.Proc | None = None) -> str:
+        p = p or admission.process(pid, self.proc)
+        who = f"{p.label()}, owned by {p.owner}" if p is not None else f"pid {pid}"
+        try:  # what it has: the CPUs it inherited at birth stay (ours to change no more than the rest)
+            keeps = f" (it keeps CPUs {cpulist.format(sorted(os.sched_getaffinity(pid)))})"
+        except OSError:
+            keeps = ""
+        line = f"{who}: not controlled{keeps}: {why}"
+        self.denied[pid] = line
+        return line
+
     def restore(self) -> list[str]:
         """Undo everything (reverse order, past failures, signals held); returns the problems."""
         if not self.active:
@@ -116,27 +139,39 @@ class AffinityEnforcer(Enforcer):
         for tid, pid in tasks.items():
             by_pid.setdefault(pid, []).append(tid)
         for pid, tids in by_pid.items():
-            if changed or pid not in self.seen:
-                try:  # the whole process through the layer: journaled, set, read back
-                    self.session.change(ProcessAffinity.of(pid, self.proc), "cpus", list(cpus),
-                                        origin=self._origin_mask(pid))
-                    self.bound.update(tids)
-                except Gone:
-                    pass
-                except TilewiseError as e:
-                    problems.append(str(e))
-                self.seen.add(pid)
+            if pid in self.denied:
                 continue
-            for tid in tids:  # threads born since: already journaled with their process
-                if tid in self.bound:
+            if pid not in self.seen:
+                self.seen.add(pid)
+                line = self.admit(pid)
+                if line:  # another user's process joined the tree: said once, left alone
+                    problems.append(line)
                     continue
-                try:
-                    os.sched_setaffinity(tid, cpus)
-                    self.bound.add(tid)
-                except (ProcessLookupError, FileNotFoundError):
-                    pass
-                except OSError as e:
-                    problems.append(f"task {tid}: sched_setaffinity({cpulist.format(cpus)}): {e.strerror}")
+            elif not changed:
+                for tid in tids:  # threads born since: already journaled with their process
+                    if tid in self.bound:
+                        continue
+                    try:
+                        os.sched_setaffinity(tid, cpus)
+                        self.bound.add(tid)
+                    except (ProcessLookupError, FileNotFoundError):
+                        pass
+                    except OSError as e:
+                        what = f"sched_setaffinity({cpulist.format(cpus)}) of task {tid}: {e.strerror}"
+                        if e.errno == errno.EPERM:  # lost the right to it (it changed its uid): said once
+                            problems.append(self.deny(pid, what))
+                            break
+                        problems.append(what)  # said once: not retried until the CPUs change
+                        self.bound.add(tid)
+                continue
+            try:  # the whole process through the layer: journaled, set, read back
+                self.session.change(ProcessAffinity.of(pid, self.proc), "cpus", list(cpus),
+                                    origin=self._origin_mask(pid))
+                self.bound.update(tids)
+            except Gone:
+                pass
+            except TilewiseError as e:  # retried at the next core change, unless it is no longer ours
+                problems.append(self.admit(pid) or str(e))
         self.bound &= set(tasks)
         return problems
 
@@ -188,6 +223,10 @@ class CgroupMoveEnforcer(Enforcer):
         ours = cgroups.rel_to(self.root, self.path)
         for pid in self._new_pids(tasks):
             self.seen.add(pid)
+            line = self.admit(pid)
+            if line:
+                problems.append(line)
+                continue
             try:
                 start = ProcId.of(pid, self.proc)
                 if start is None:
@@ -201,7 +240,7 @@ class CgroupMoveEnforcer(Enforcer):
             except Gone:
                 continue
             except TilewiseError as e:
-                problems.append(f"pid {pid}: {e}")
+                problems.append(self.deny(pid, str(e)))
         return problems
 
 
@@ -230,12 +269,16 @@ class CgroupConstrainEnforcer(Enforcer):
         problems = []
         for pid in self._new_pids(tasks):  # on older kernels a cpuset change resets the masks
             self.seen.add(pid)
+            line = self.admit(pid)
+            if line:
+                problems.append(line)
+                continue
             try:
                 self.session.protect(ProcessAffinity.of(pid, self.proc), "cpus", origin=self._origin_mask(pid))
             except Gone:
                 continue
             except TilewiseError as e:
-                problems.append(f"pid {pid}: {e}")
+                problems.append(self.deny(pid, str(e)))
         return problems
 
     def apply(self, cpus, tasks) -> list[str]:
@@ -252,16 +295,29 @@ class CgroupConstrainEnforcer(Enforcer):
 
 def choose(kind: str, target_pid: int | None, cgroup_path: str | None, proc: str = "/proc",
            mountinfo: str = "/proc/self/mountinfo", tree_pids: set[int] | None = None,
-           session: changes.Session | None = None) -> Enforcer:
+           session: changes.Session | None = None, caller: admission.Caller | None = None) -> Enforcer:
     """auto: a cpuset where one can be had, else affinity (with the reason). cgroup: a cpuset or
-    an error (and on v2, enable the cpuset controller where needed). affinity: affinity."""
-    kw = {"target_pid": target_pid, "cgroup_path": cgroup_path, "proc": proc, "session": session}
+    an error (and on v2, enable the cpuset controller where needed). affinity: affinity.
+
+    Admission (tilewise.admission) is part of the choice: a cpuset this caller may not write (not
+    root, no delegated group) is no choice for auto (affinity, with the reason), and for
+    `--enforce cgroup` or `--cgroup PATH` a refusal naming the file, its owner and the way out."""
+    who = caller or admission.caller()
+    kw = {"target_pid": target_pid, "cgroup_path": cgroup_path, "proc": proc, "session": session, "caller": who}
     if kind == "affinity":
         if cgroup_path:
             raise TilewiseError("--cgroup needs cgroup enforcement", "drop --enforce affinity")
         return AffinityEnforcer(reason="requested", **kw)
     m = cgroups.mounts(mountinfo)
-    why = []
+    why: list[str] = []
+    refused: list[admission.Refusal] = []
+
+    def admitted(needs: admission.CgroupNeeds) -> bool:
+        r = admission.cgroup_refusals(who, needs)
+        refused.extend(r)
+        why.extend(x.line() for x in r[:1])
+        return not r
+
     under = (lambda root: cgroup_path is None or os.path.abspath(cgroup_path) == root
              or os.path.abspath(cgroup_path).startswith(root.rstrip("/") + "/"))
     v1 = m["v1"]
@@ -275,9 +331,9 @@ def choose(kind: str, target_pid: int | None, cgroup_path: str | None, proc: str
             parent = cgroups.join(v1, rel) if rel is not None else None
         if parent is None:
             why.append("target has no v1 cpuset group")
-        elif not os.access(parent, os.W_OK):
-            why.append(f"{parent} is not writable (run as root)")
-        else:
+        elif admitted(admission.CgroupNeeds(
+                [("the cpuset group", admission.access(parent))],
+                admission.processes(tree_pids or (), proc) if not who.root else [])):
             return CgroupMoveEnforcer(1, v1, parent, **kw)
     v2 = m["v2"]
     if not v2:
@@ -287,10 +343,12 @@ def choose(kind: str, target_pid: int | None, cgroup_path: str | None, proc: str
                                may_enable=kind == "cgroup")
         if isinstance(plan, str):
             why.append(plan)
-        elif plan.mode == "move":
-            return CgroupMoveEnforcer(2, v2, plan.group, enable=plan.enable, **kw)
-        else:
+        elif admitted(admission.CgroupNeeds([(what, admission.access(path)) for what, path in cgroups.v2_writes(plan)])):
+            if plan.mode == "move":
+                return CgroupMoveEnforcer(2, v2, plan.group, enable=plan.enable, **kw)
             return CgroupConstrainEnforcer(plan.group, enable=plan.enable, **kw)
+    if refused and (kind == "cgroup" or cgroup_path):
+        raise admission.Refused(refused)
     if kind == "cgroup" or cgroup_path:
         raise TilewiseError("cannot use a cgroup cpuset here: " + "; ".join(why),
                             "use --enforce affinity with --pid" if not cgroup_path else "check the path and run as root")

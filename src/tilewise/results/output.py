@@ -94,6 +94,7 @@ class LineWriter:
         self.f = None
         if path is None:
             return
+        self.what = what
         try:
             self.f = open(path, "w")
         except OSError as e:
@@ -102,8 +103,16 @@ class LineWriter:
 
     def write(self, rec: dict) -> None:
         if self.f is not None:
-            self.f.write(json.dumps(rec, default=str) + "\n")
-            self.f.flush()
+            try:
+                self.f.write(json.dumps(rec, default=str) + "\n")
+                self.f.flush()
+            except OSError as e:  # a file that opens but takes nothing (/proc/version, a full disk)
+                f, self.f = self.f, None
+                try:
+                    f.close()
+                except OSError:
+                    pass
+                raise UsageError(f"cannot write {self.what} {self.path}: {e.strerror or e}") from None
 
     __call__ = write
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-from tilewise import changes
+from tilewise import admission, changes
 from tilewise.errors import TilewiseError, UsageError
 @dataclass(frozen=True)
 class Switch:
@@ -127,16 +127,19 @@ class OsSwitches:
                 out.append(c)
         return out
 
-    def check_permission(self) -> None:
-        import os
-
-        if os.path.abspath(self.root) == "/" and os.geteuid() != 0:
-            raise UsageError("changing THP or AutoNUMA needs root", "re-run as root, or drop --apply-os")
+    def check_permission(self, keys=None, caller: admission.Caller | None = None) -> None:
+        """Admission: every switch file to be changed (default: all) must be writable (root, and a
+        /sys and /proc not mounted read-only); else one line naming the file, its owner, what is
+        missing and the way out, before anything is journaled or changed."""
+        keys = list(keys) if keys is not None else list(SWITCHES)
+        admission.check(admission.switch_refusals(
+            caller or admission.caller(),
+            [(SWITCHES[k].description, admission.access(self.path(k))) for k in keys if k in SWITCHES]))
 
     @contextmanager
     def controlling(self, keys, purpose: str) -> Iterator[OsSwitches]:
         """Hold the locks of these switches for the whole block (several applied() inside it)."""
-        self.check_permission()
+        self.check_permission(keys)
         if self.session is not None:
             yield self
             return

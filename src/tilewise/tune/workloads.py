@@ -128,7 +128,7 @@ def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str
         token = launch.journal_start(journal, cmd)  # before the clock starts
         t0 = time.perf_counter()
         proc = launch.spawn(cmd, b, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=errf,
-                            stdin=subprocess.DEVNULL, token=token, env=env)
+                            stdin=subprocess.DEVNULL, journal=journal, token=token, env=env)  # a failed start leaves no record
         try:
             v = verification.verify(proc.pid, b, allocator_wait_s=0.2)
             try:

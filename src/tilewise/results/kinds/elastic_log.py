@@ -61,6 +61,8 @@ class LogRecord(Record):
     stop_reason: str | None = None
     stats: DaemonStats | None = None
     problems: list[str] = field(default_factory=list)
+    uncontrolled: list[str] = field(default_factory=list)  # processes left alone (the run was partial)
+    detail: str | None = None  # a "not controlled" event: which process and why
     complete: bool | None = None
     interrupted: bool | None = None
 
@@ -90,10 +92,12 @@ class LogDoc(document.Document):
 # ---- writing (the daemon's side: the first line is model.new("elastic.log", ...)) ---------------------
 
 def end_record(*, t: float | None, stop_reason: str | None, stats: dict | None, problems: Sequence[str] = (),
-               interrupted: bool = False) -> dict:
-    """The last line: why the daemon stopped, its own cost, what it could not restore."""
+               interrupted: bool = False, uncontrolled: Sequence[str] = ()) -> dict:
+    """The last line: why the daemon stopped, its own cost, what it could not restore, which
+    processes it was not allowed to control (then the run was partial)."""
     rec = {"event": "end", "t": t, "stop_reason": stop_reason, "stats": stats, "problems": list(problems),
-           "complete": not interrupted, "interrupted": interrupted, "finished": document.now()}
+           "uncontrolled": list(uncontrolled) or None, "complete": not interrupted, "interrupted": interrupted,
+           "finished": document.now()}
     return {k: v for k, v in rec.items() if v is not None or k in ("stop_reason", "stats")}
 
 
@@ -184,6 +188,9 @@ def replay_summary(doc: LogDoc, source: str) -> dict:
         s["stop_reason"] = end.stop_reason
         s["problems"] = end.problems
         s["restored"] = not s["problems"]
+        if end.uncontrolled:  # (logs of complete runs replay as before)
+            s["uncontrolled"] = end.uncontrolled
+            s["partial"] = True
     return s
 
 
@@ -205,6 +212,11 @@ def print_summary(summary: dict, out, *, show_stats: bool) -> None:
         out.print(f"stopped: {summary['stop_reason']}; {what}", markup=False)
     for p in summary.get("problems", []):
         out.print(f"problem: {p}", markup=False)
+    if summary.get("uncontrolled"):
+        out.print(f"partial: {len(summary['uncontrolled'])} process(es) of the target were not controlled "
+                  "(the rest was):", markup=False)
+        for line in summary["uncontrolled"]:
+            out.print(f"  {line}", markup=False)
     if show_stats and summary.get("stats"):
         st = DaemonStats.from_json(summary["stats"])
         tc = st.tick_cpu_ms
