@@ -20,7 +20,7 @@ Query.benchmark == "tpcds"), and Benchmark.dialects goes.
 - `at` is a reserved word in DuckDB; q90 names a derived table `at`: DuckDB gets it quoted.
 - Spark reads a double-quoted alias (`as "order count"`, eight statements) as a string literal and
   rejects it; it gets the alias in backquotes, its identifier quotes.
-- Trino does not compare a DATE with a string literal (`d_date between '2002-2-01' and ...`, eight
+- Trino does not compare a DATE with a string literal (`d_date between '2002-2-01' and ...`, seven
   statements) nor add an integer to a date (q72): it gets `cast('...' as date)` and an interval.
 - Trino keeps AVG of a decimal at the argument's scale and a quotient at the larger operand's
   scale (2), where the other engines keep 6 or more digits; q36 ranks, q47, q57, q63 and q89 filter
