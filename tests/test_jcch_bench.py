@@ -87,7 +87,7 @@ def test_normal_parameters_and_the_tpch_texts_stay_for_tpch(jcch_sf01, tmp_path)
 
 def test_bad_flags_are_usage_errors(tmp_path):
     for kw in ({"benchmark": "tpch", "params": "skewed"}, {"benchmark": "jcch", "params": "weird"},
-               {"benchmark": "jcch", "sf": 0.001}, {"benchmark": "tpcds"}, {"benchmark": "jcch", "seed": -1}):
+               {"benchmark": "jcch", "sf": 0.001}, {"benchmark": "no-such-benchmark"}, {"benchmark": "jcch", "seed": -1}):
         cfg = tpch.Config(**{"sf": 0.1, "out": tmp_path / "x", "policies": "wim", **kw})
         with pytest.raises(UsageError):
             tpch.check_config(cfg)

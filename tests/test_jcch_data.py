@@ -190,7 +190,7 @@ def test_cli_generate_json_and_bad_input(tmp_path):
     assert readable.returncode == 0 and "JCC-H SF 0.01, seed 2" in readable.stdout
     for args, code in ((["-b", "tpch", "--seed", "1"], 2), (["-b", "jcch", "--sf", "0.001"], 2),
                        (["-b", "jcch", "--sf", "x"], 2), (["-b", "jcch", "--seed", "-1"], 2),
-                       (["-b", "tpcds"], 2)):
+                       (["-b", "no-such-benchmark"], 2)):
         cp = run_cli("data", "generate", *args, "--data-dir", str(tmp_path))
         assert cp.returncode == code, (args, cp.stderr)
         assert cp.stderr.startswith("Error: ") and len(cp.stderr.strip().splitlines()) == 1, cp.stderr

@@ -32,6 +32,9 @@ class Shape:
     outputs: tuple[Output, ...] | None  # None: not known (SELECT *, or the text did not parse)
     order_by: tuple[Key, ...] | None  # None: no outermost ORDER BY (the answer is a multiset)
     parsed: bool = True
+    # names some derived table or CTE defines as a division: with SELECT * (outputs unknown) an
+    # answer column of such a name is a division result (TPC-DS q28, q47, q63, q89)
+    division_names: frozenset[str] = frozenset()
 
 
 def has_order_by(sql: str) -> bool:
@@ -66,11 +69,11 @@ def analyse(sql: str) -> Shape:
     select = tree
     while isinstance(select, exp.SetOperation):  # UNION/INTERSECT/EXCEPT: the first branch names the columns
         select = select.left
+    aliases = _division_aliases(tree)
     if not isinstance(select, exp.Select) or any(isinstance(s, exp.Star) or
                                                  (isinstance(s, exp.Column) and isinstance(s.this, exp.Star))
                                                  for s in select.selects):
-        return Shape(None, keys)
-    aliases = _division_aliases(tree)
+        return Shape(None, keys, division_names=frozenset(aliases))
     outs = []
     for s in select.selects:
         body = s.unalias()

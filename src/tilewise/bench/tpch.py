@@ -51,6 +51,10 @@ class WrongAnswer(TilewiseError):
     pass
 
 
+class QueryFailed(TilewiseError):
+    """A query the engine could not run (its error recorded); raised after everything was written."""
+
+
 @dataclass
 class Config:
     engine: str = engines.DEFAULT_BENCH
@@ -271,7 +275,8 @@ class States:
         for fn, rs in schedule:
             self.states.append(self.states[-1].after(fn, rs.number))
         self.validate = validate
-        self._refs: dict[str, object] = {}
+        self.null_order: str | None = None  # the engine's, where the benchmark asks (engine_null_order)
+        self._refs: dict[tuple, object] = {}
         self.lock = threading.Lock()
         self.started = 0
         self.completed = 0
@@ -283,10 +288,14 @@ class States:
         from tilewise.bench import validate
 
         st = self.states[i]
-        key = st.key if st is not None else "loaded"
+        key = (st.key if st is not None else "loaded", self.null_order)
         if key not in self._refs:
-            self._refs[key] = validate.Reference(self.dataset, state=st, sets=self.sets)
+            self._refs[key] = validate.Reference(self.dataset, state=st, sets=self.sets, null_order=self.null_order)
         return self._refs[key]
+
+    def computed(self) -> int:
+        """Reference answers computed so far (not read from the cache)."""
+        return sum(len(r.computed) for r in self._refs.values())
 
     def apply(self, engine, k: int) -> float:
         """Apply the run's k-th refresh function (0-based); returns its time."""
@@ -315,6 +324,7 @@ class Answer:
     instance: int
     lo: int  # first data state the query may have seen
     hi: int  # last one
+    error: str | None = None  # the engine could not run it: its error (no rows)
 
 
 # ---- the benchmark ----------------------------------------------------------------------------
@@ -343,16 +353,25 @@ class _Ctx:
     queries: QuerySet  # the SQL of query n in stream s (0 = the power test)
     spec: Benchmark
     engine: EngineSpec | None = None  # its dialect hook gives the text the engine runs
+    stream_ids: list = field(default_factory=list)  # the streams a run has (0: the power test)
+    prepared: set = field(default_factory=set)  # NULL orders whose references are computed
+    no_reference: dict = field(default_factory=dict)  # query -> why the reference has no answer
+    stopping: bool = False  # the run is being torn down: an engine error now is not a query's
     _engine_sql: dict = field(default_factory=dict)
 
     def engine_sql(self, n: QueryId, stream: int) -> str:
-        """The text the engine runs for query n of a stream (its dialect applied; computed once)."""
+        """The text the engine runs for query n of a stream: the benchmark's rewrite for the engine's
+        dialect, if any, then the engine's own dialect hook (computed once)."""
         key = (n, stream)
         if key not in self._engine_sql:
-            text = self.queries.sql(n, stream)
+            text = self.spec.engine_sql(self.cfg.engine, self.queries.sql(n, stream), n)
             q = Query(self.cfg.benchmark, n, stream, self.queries.key(n, stream))
             self._engine_sql[key] = self.engine.sql(text, q) if self.engine is not None else text
         return self._engine_sql[key]
+
+    def rewritten(self, n: QueryId) -> bool:
+        """The engine runs another text than the benchmark's for query n (in some stream)."""
+        return any(self._engine_sql[k] != self.queries.sql(*k) for k in self._engine_sql if k[0] == n)
 
 
 def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], float] = time.perf_counter,
@@ -393,7 +412,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "requested": {"policies": [label for label, _ in plans], "queries": [f"q{n}" for n in cfg.queries]},
         "completed": {"policies": [], "queries": {}},
         "validation": {"reference": None, "float_rel_tol": 1e-9, "rules": _validation_rules(), "enabled": cfg.validate,
-                       "wrong_answers": []},
+                       "wrong_answers": [], "failed_queries": [], "not_comparable": []},
         "refresh": {"applied": False, "supported": supports},
         "notes": [], "policies": {}, "summary": {},
     })
@@ -427,22 +446,22 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     if drawn:  # drawn parameters (JCC-H): what every stream runs, as the benchmark's generator would log them
         doc["query_parameters"] = drawn
         doc["notes"] += drawn["notes"]
-        rep.message(f"{spec.title} {qset.params} query parameters, seed {qset.seed}: {len(stream_ids)} stream(s) "
-                    "with their own (recorded in results.json)")
+        if qset.per_stream:
+            rep.message(f"{spec.title} {qset.params} query parameters, seed {qset.seed}: {len(stream_ids)} stream(s) "
+                        "with their own (recorded in results.json)")
+        else:
+            rep.message(f"{spec.title} {qset.params} query parameters in every stream (recorded in results.json)")
     if "power" in cfg.tests and replicas:
         doc["notes"].append("the power test runs one stream, so on a replica engine it uses one instance of a "
                             "multi-instance deployment (the specification's single-user test); compare deployments "
                             f"on {' and '.join(title for _, title in spec.metrics.names[1:])}")
+    ctx.stream_ids = stream_ids
     if cfg.validate:
-        ref = states.reference(0)
-        doc["validation"]["reference"] = f"datafusion {ref.version}"
-        rep.message(f"reference answers: DataFusion {ref.version} (cached in {ref.cache_dir})")
-        for n in cfg.queries:  # computed now, not between runs: the loaded data and what the power test sees
-            for i in ((0, 1) if power_fns is not None else (0,)):
-                states.reference(i).answer_sql(qset.sql(n, 0), qset.key(n, 0))
-            if qset.per_stream:  # every stream has its own SQL: its answers on the loaded data too
-                for st in stream_ids:
-                    states.reference(0).answer_sql(qset.sql(n, st), qset.key(n, st))
+        from tilewise.bench.validate import reference_engine_version
+
+        doc["validation"]["reference"] = f"datafusion {reference_engine_version()}"
+        if not spec.engine_null_order:  # else once the engine's NULL order is known (_policy)
+            _prepare_references(ctx, doc)
     writer.write(doc)
     wrong: list[str] = doc["validation"]["wrong_answers"]
     deployed: dict[tuple, str] = {}
@@ -473,7 +492,55 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         raise WrongAnswer(f"WRONG ANSWER in {len(wrong)} result(s): {wrong[0]}"
                           + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""),
                           f"see {writer.json_path}")
+    failed = doc["validation"]["failed_queries"]
+    if failed:
+        raise QueryFailed(f"the {cfg.engine} engine could not run {len(failed)} quer{'y' if len(failed) == 1 else 'ies'}: "
+                          f"{failed[0]}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""),
+                          f"see {writer.json_path}; leave them out with --queries")
     return doc
+
+
+def _prepare_references(ctx: _Ctx, doc: dict) -> None:
+    """Every reference answer the run needs, computed now (not between runs): on the loaded data and
+    what the power test sees, and each stream's own SQL where streams draw parameters. A statement
+    DataFusion cannot answer is recorded as not comparable (never as valid)."""
+    from tilewise.bench import validate
+
+    states, qset, cfg = ctx.states, ctx.queries, ctx.cfg
+    if states.null_order in ctx.prepared:
+        return
+    ctx.prepared.add(states.null_order)
+    ref = states.reference(0)
+    order = f", NULLs sorted as {cfg.engine} sorts them ({ref.null_order})" if states.null_order else ""
+    ctx.rep.message(f"reference answers: DataFusion {ref.version}{order} (cached in {ref.cache_dir})")
+    if states.null_order:
+        doc["validation"]["null_order"] = states.null_order
+    t0, used, before = time.perf_counter(), 0, states.computed()
+    for n in cfg.queries:
+        jobs = [(i, 0) for i in ((0, 1) if ctx.power_fns is not None else (0,))]
+        if qset.per_stream:  # every stream has its own SQL: its answers on the loaded data too
+            jobs += [(0, st) for st in ctx.stream_ids if st != 0]
+        for i, st in jobs:
+            used += 1
+            try:
+                states.reference(i).answer_sql(qset.sql(n, st), qset.key(n, st), n)
+            except validate.NoReference as e:
+                ctx.no_reference.setdefault(n, str(e))
+    computed = states.computed() - before
+    doc["validation"]["references"] = {"answers": used, "computed": computed, "cached": used - computed,
+                                       "seconds": round(time.perf_counter() - t0, 3), "dir": str(ref.cache_dir)}
+    ctx.rep.message(f"reference answers: {used - computed} cached, {computed} computed in "
+                    f"{time.perf_counter() - t0:.1f} s")
+    _not_comparable(ctx, doc)
+
+
+def _not_comparable(ctx: _Ctx, doc: dict) -> None:
+    """Every query without a reference answer (in some stream) in results.json, said once."""
+    for n, why in ctx.no_reference.items():
+        msg = f"q{n}: not comparable: {why}"
+        if msg not in doc["validation"]["not_comparable"]:
+            doc["validation"]["not_comparable"].append(msg)
+            ctx.rep.message(f"warning: {msg}; its answers there are not validated")
 
 
 def _same_as(doc: dict, label: str, p, other: str, rep: Reporter) -> None:
@@ -508,7 +575,8 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
     times: dict[QueryId, list[float]] = {n: [] for n in cfg.queries}
     warm: dict[QueryId, list[float]] = {n: [] for n in cfg.queries}
     rows_of: dict[QueryId, int] = {}
-    detail: dict[QueryId, str] = {}
+    detail: dict[QueryId, str] = {}  # wrong answers
+    failed: dict[QueryId, str] = {}  # queries the engine could not run: its error
     try:
         rep.message(f"{label}: starting {len(p.instances)} {cfg.engine} instance(s) "
                     f"({', '.join(cpulist.format(i.cpus) for i in p.instances[:8])}"
@@ -524,12 +592,18 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
         for i in rec["instances"]:
             if i.get("binding_verified") is None:
                 rep.message(f"{label}: binding of instance {i['id']} not checkable: {i.get('detail')}")
+        if cfg.validate and ctx.spec.engine_null_order:  # references sorted as this engine sorts NULLs
+            from tilewise.bench.validate import probe_null_order
+
+            ctx.states.null_order = probe_null_order(lambda sql: engine.run_query(sql).rows)
+            _prepare_references(ctx, doc)
         total = int(cfg.warmup) + cfg.runs
         for r in range(total):
             timed = r >= int(cfg.warmup)
             name = f"run {r + 1 - int(cfg.warmup)}" if timed else "warm-up"
             one, answers = _one_run(engine, ctx, name, rec.get("start_s"))
-            _check(answers, ctx, label, rows_of, detail, rep)
+            _check(answers, ctx, label, rows_of, detail, failed, rep)
+            _not_comparable(ctx, doc)
             if ctx.states.schedule and r < total - 1:
                 _restore(engine, ctx)  # outside the timed region: the next run starts from the loaded data
             per_query = _per_query(one, cfg.queries)
@@ -538,7 +612,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
             one["run"] = r + 1 - int(cfg.warmup) if timed else 0
             (rec["tpch_runs"] if timed else rec["tpch_warmup"]).append(one)
             (rec["run_wall_s"] if timed else rec["warmup_wall_s"]).append(one["wall_s"])
-            _queries(rec, cfg, times, warm, rows_of, detail, validated=cfg.validate)
+            _queries(rec, ctx, times, warm, rows_of, detail, failed)
             if timed:
                 doc["completed"]["queries"][label] = [q for q, v in rec["queries"].items() if v.get("times_s")]
             writer.write(doc)  # after every run: a late failure loses nothing
@@ -550,10 +624,11 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
     finally:
         engine.stop()
         rep.end_policy(label)
-        for n in sorted(detail):
-            msg = f"{label}/q{n}: {detail[n]}"
-            if msg not in wrong:
-                wrong.append(msg)
+        for n in cfg.queries:
+            for msgs, what in ((wrong, detail), (doc["validation"]["failed_queries"], failed)):
+                msg = f"{label}/q{n}: {what[n]}" if n in what else None
+                if msg and msg not in msgs:
+                    msgs.append(msg)
 
 
 def _per_query(one: dict, queries: list[QueryId]) -> dict[QueryId, float]:
@@ -568,12 +643,27 @@ def _per_query(one: dict, queries: list[QueryId]) -> dict[QueryId, float]:
     return out
 
 
-def _queries(rec: dict, cfg: Config, times, warm, rows_of, detail, *, validated: bool) -> None:
-    for n in cfg.queries:
-        q = {"times_s": times[n], "warmup_s": warm[n], "rows": rows_of.get(n), "valid": (n not in detail) if validated else None,
+def _queries(rec: dict, ctx: _Ctx, times, warm, rows_of, detail, failed) -> None:
+    """Each query's record: times, rows, whether its answers were valid (None: not checked, or no
+    reference answer: `not_comparable` says why), the engine's error where it could not run it, and
+    whether the engine ran a rewritten text (the benchmark's rewrite for its dialect)."""
+    for n in ctx.cfg.queries:
+        if n in failed or n in detail:
+            valid = False
+        elif not ctx.cfg.validate or n in ctx.no_reference:
+            valid = None  # not checked, or (in some stream) without a reference answer
+        else:
+            valid = True
+        q = {"times_s": times[n], "warmup_s": warm[n], "rows": rows_of.get(n), "valid": valid,
              **stats.query_stats(times[n])}
         if n in detail:
             q["error"] = detail[n]
+        if n in failed:
+            q["error"] = q["failed"] = failed[n]
+        elif ctx.cfg.validate and n in ctx.no_reference:
+            q["not_comparable"] = ctx.no_reference[n]
+        if ctx.rewritten(n):
+            q["rewritten"] = True
         rec["queries"][f"q{n}"] = q
 
 
@@ -589,8 +679,11 @@ def _one_run(engine, ctx: _Ctx, label: str, load_s: float | None) -> tuple[dict,
     if "throughput" in cfg.tests:
         one["throughput"] = _throughput_test(engine, ctx, label, answers)
     pw, th = one["power"], one["throughput"]
+    failed = sorted({f"q{a.query}" for a in answers if a.error is not None}, key=str)
+    if failed:
+        one["failed"] = failed  # not run: no time, left out of the figures
     one.update(ctx.spec.metrics.figures(Measured(
-        sf=cfg.sf, queries=len(cfg.queries), total_queries=len(ctx.spec.catalog.ids),
+        sf=cfg.sf, queries=len(cfg.queries) - len(failed), total_queries=len(ctx.spec.catalog.ids),
         power_s=list(pw["queries"].values()) if pw else None,
         power_refresh_s=[pw[k] for k in _refresh_keys(ctx) if pw.get(k) is not None] if pw else [],
         streams=ctx.streams, interval_s=th["interval_s"] if th else None, refresh=bool(ctx.states.schedule),
@@ -604,17 +697,35 @@ def _refresh_keys(ctx: _Ctx) -> list[str]:
     return [f"{fn.lower()}_s" for fn in ctx.spec.refresh.functions] if ctx.spec.refresh else []
 
 
-def _ask(engine, ctx: _Ctx, n: QueryId, stream: int, answers: list[Answer], lock=None) -> float:
+def _ask(engine, ctx: _Ctx, n: QueryId, stream: int, answers: list[Answer], lock=None) -> float | None:
+    """Run query n of a stream; its time, or None when the engine could not run it (the engine's
+    error is kept with the answer; an engine that is no longer healthy ends the run instead)."""
     lo = ctx.states.bounds()
-    res = engine.run_query(ctx.engine_sql(n, stream))
-    hi = ctx.states.upper()
-    a = Answer(n, stream, res.rows, res.instance, lo, hi)
+    try:
+        res = engine.run_query(ctx.engine_sql(n, stream))
+    except TilewiseError as e:
+        if ctx.stopping or not _healthy(engine):
+            raise
+        a = Answer(n, stream, [], -1, lo, ctx.states.upper(), error=" ".join(str(e).split()) or type(e).__name__)
+        elapsed = None
+    else:
+        a = Answer(n, stream, res.rows, res.instance, lo, ctx.states.upper())
+        elapsed = res.elapsed_s
     if lock is None:
         answers.append(a)
     else:
         with lock:
             answers.append(a)
-    return res.elapsed_s
+    return elapsed
+
+
+def _healthy(engine) -> bool:
+    """Every instance of the engine answers its status as healthy (a failed query left it running)."""
+    try:
+        statuses = engine.status()
+    except Exception:  # noqa: BLE001 - a status call that fails is an unhealthy engine
+        return False
+    return bool(statuses) and all(s.healthy for s in statuses)
 
 
 def _power_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> dict:
@@ -627,7 +738,9 @@ def _power_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> dict:
     if ctx.power_fns:
         out[k1] = ctx.states.apply(engine, ctx.power_fns[0])
     for n in order:
-        out["queries"][f"q{n}"] = _ask(engine, ctx, n, 0, answers)
+        t = _ask(engine, ctx, n, 0, answers)
+        if t is not None:
+            out["queries"][f"q{n}"] = t
         ctx.rep.step(f"{label}, power q{n}")
     if ctx.power_fns:
         out[k2] = ctx.states.apply(engine, ctx.power_fns[1])
@@ -644,7 +757,9 @@ def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> di
 
     def stream(rec: dict) -> None:
         for n in rec["order"]:
-            rec["queries"][f"q{n}"] = _ask(engine, ctx, n, rec["stream"], answers, lock)
+            t = _ask(engine, ctx, n, rec["stream"], answers, lock)
+            if t is not None:
+                rec["queries"][f"q{n}"] = t
             ctx.rep.step(f"{label}, throughput stream {rec['stream']} q{n}")
 
     def refresh_stream() -> None:
@@ -665,6 +780,7 @@ def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> di
         for f in futures:
             f.result()
     except BaseException:
+        ctx.stopping = True  # the other streams' errors from here on end them, not their queries
         engine.stop()  # unblocks the other streams (their instances are gone)
         raise
     finally:
@@ -679,20 +795,35 @@ def _restore(engine, ctx: _Ctx) -> None:
         engine.apply_refresh(f"undo-{fn}", rs)
 
 
-def _check(answers: list[Answer], ctx: _Ctx, label: str, rows_of: dict, detail: dict, rep: Reporter) -> None:
-    """Every answer against the references of the data states it may have seen (after the run)."""
+def _check(answers: list[Answer], ctx: _Ctx, label: str, rows_of: dict, detail: dict, failed: dict,
+           rep: Reporter) -> None:
+    """Every answer against the references of the data states it may have seen (after the run); an
+    answer the engine could not give is recorded with its error, one without a reference answer
+    is not comparable."""
+    from tilewise.bench.validate import NoReference
+
     cfg, states = ctx.cfg, ctx.states
     for a in answers:
+        if a.error is not None:
+            if a.query not in failed:
+                failed[a.query] = a.error
+                rep.message(f"FAILED: {label} q{a.query} (stream {a.stream}): the {cfg.engine} engine could not run it: "
+                            f"{a.error}")
+            continue
         rows = _corrupt(a.rows) if a.query in cfg.inject_wrong else a.rows
         rows_of[a.query] = len(rows)
         if not cfg.validate:
             continue
         checks = []
-        for i in range(a.lo, a.hi + 1):
-            checks.append(states.reference(i).check_sql(ctx.queries.sql(a.query, a.stream),
-                                                        ctx.queries.key(a.query, a.stream), rows))
-            if checks[-1].ok:
-                break
+        try:
+            for i in range(a.lo, a.hi + 1):
+                checks.append(states.reference(i).check_sql(ctx.queries.sql(a.query, a.stream),
+                                                            ctx.queries.key(a.query, a.stream), rows, a.query))
+                if checks[-1].ok:
+                    break
+        except NoReference as e:  # this text has no answer (another stream's text of the query may have one)
+            ctx.no_reference.setdefault(a.query, str(e))
+            continue
         if not checks[-1].ok and a.query not in detail:  # loud, at once, not only in the final table
             where = "" if a.hi == 0 else f" (compared with {states.states[a.lo].describe()}" + (
                 f" and the {a.hi - a.lo} later state(s)" if a.hi > a.lo else "") + ")"

@@ -1,8 +1,10 @@
 """Answer validation: every result is compared exactly with an independent engine's answer (DataFusion).
 
 Reference answers are computed once per data set and cached next to the data, in
-<sf dir>/reference/f3-datafusion-<version>/qNN.json, with DataFusion's column names and Arrow types
-(the directory is replaced with the data, so a regenerated data set never meets stale answers).
+<sf dir>/reference/f4-datafusion-<version>/[<null order>/][<state>/]qNN.json, with DataFusion's
+column names and Arrow types (the directory is replaced with the data, so a regenerated data set
+never meets stale answers). Each file carries a SHA-256 of its answer and the text DataFusion ran:
+a file that does not match (tampered, or from other rules) is recomputed, never trusted.
 
 The rules (docs/tpch.md, "Validation"):
 - Integers, decimals at their scale, dates and strings compare exactly; NULL only equals NULL.
@@ -15,17 +17,32 @@ The rules (docs/tpch.md, "Validation"):
   or a money sum off by 0.01 is wrong.
 - Row order is compared on the outermost ORDER BY keys; rows tied on them compare as a multiset.
   Without ORDER BY the whole answer is a multiset.
+- NULL order: where NULLs sort is implementation-defined. A benchmark whose ORDER BY keys hold
+  NULLs (Benchmark.engine_null_order, TPC-DS's ROLLUPs) gets references sorted as the engine sorts
+  them: the harness reads the engine's convention with two one-row queries (probe_null_order) and
+  DataFusion applies it to every ORDER BY (`default_null_ordering`); each convention is cached apart.
+- Ties at the LIMIT: when a statement ends in ORDER BY ... LIMIT n and the LIMIT cuts a group of
+  rows tied on the ORDER BY keys, which of the group's rows are returned is the engine's choice.
+  The reference then keeps every row of that group (it runs the statement with a larger LIMIT until
+  the group ends), and an answer is right when it has n rows, every row before the group matches
+  as usual, and its rows from the group on carry the group's keys and are a sub-multiset of the
+  group's rows. Nothing else gets slack. When an ORDER BY key is not an output column the group
+  cannot be told apart: no pool, the engine must return the reference's rows.
 
 The text the reference engine runs for a query is the benchmark's to say (Benchmark.reference_sql:
-TPC-H's rewrites Q21 for speed); the benchmark is the data set's, from the registry.
+TPC-H's rewrites Q21 for speed, TPC-DS's three statements for exactness); the benchmark is the data
+set's, from the registry. A statement DataFusion cannot answer (TPC-DS q90 divides by zero at tiny
+scale factors) raises NoReference: the harness reports its answers as not comparable, never as valid.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from decimal import ROUND_DOWN, ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 
@@ -36,10 +53,14 @@ from tilewise.errors import TilewiseError
 from tilewise.fsutil import atomic_write_json
 
 FLOAT_REL_TOL = Decimal("1e-9")
-REF_FORMAT = "tilewise-tpch-reference/3"
+REF_FORMAT = "tilewise-reference/4"
+DEFAULT_NULL_ORDER = "nulls_max"  # DataFusion's own: NULLs sort as the largest value
+NULL_ORDERS = ("nulls_max", "nulls_min", "nulls_first", "nulls_last")  # DataFusion's names
+_LIMIT = re.compile(r"\blimit\s+(\d+)\s*;?\s*$", re.I)
+POOL_ROWS = 10000  # extra rows fetched to find the end of a tie group the LIMIT cut
 RULES = ("exact for integers, decimals at their scale, dates, strings; floats 1e-9 relative; "
          "different scales compared at the coarser; division results (AVG, /) 1 unit of the last digit; "
-         "rows tied on ORDER BY keys as a multiset")
+         "rows tied on ORDER BY keys as a multiset; a tie group cut by the LIMIT: a sub-multiset of the whole group")
 _NUMERIC = ("i", "dec", "f")
 _MAX_GREEDY = 5000  # rows in one tie group beyond which a failed sorted match is not retried pairwise
 
@@ -159,6 +180,10 @@ class Check:
     detail: str = ""
 
 
+class NoReference(TilewiseError):
+    """The reference engine has no answer for a statement (it raised an error on it)."""
+
+
 def _sort_key(row: list):
     out = []
     for v in row:
@@ -256,12 +281,70 @@ def compare(got: list[list], want: list[list], columns: list[Column] | None = No
     return Check(True)
 
 
+def _same_keys(a: list, b: list, keys, cols: list[Column]) -> bool:
+    return all(values_equal(a[k], b[k], cols[k].division) for k in keys)
+
+
+def compare_cut(got: list[list], want: list[list], columns: list[Column], order_keys: tuple[int, ...],
+                boundary: int, pool: list[list]) -> Check:
+    """compare() for an answer whose LIMIT cut a tie group: rows before `boundary` as usual; the rows
+    from it on carry the group's ORDER BY keys and are a sub-multiset of `pool`, every row of the group
+    (see the module docstring)."""
+    if len(got) != len(want):
+        return Check(False, f"{len(got)} rows, expected {len(want)}")
+    head = compare(got[:boundary], want[:boundary], columns, order_keys)
+    if not head.ok:
+        return head
+    key_row = want[boundary]
+    free = list(pool)
+    for i in range(boundary, len(got)):
+        g = got[i]
+        if len(g) != len(columns):
+            return Check(False, f"row {i + 1}: {len(g)} columns, expected {len(columns)}")
+        if not _same_keys(g, key_row, order_keys, columns):
+            return Check(False, f"row {i + 1}: {_show_row(g)} does not carry the ORDER BY keys of rows "
+                                f"{boundary + 1}-{len(got)} ({', '.join(_show(key_row[k]) for k in order_keys)})")
+        k = next((j for j, w in enumerate(free) if _rows_equal(g, w, columns)), None)
+        if k is None:
+            return Check(False, f"row {i + 1}: {_show_row(g)} is not one of the {len(pool)} rows tied on the "
+                                "ORDER BY keys at the LIMIT (or appears more often than among them)")
+        free.pop(k)
+    return Check(True, f"rows {boundary + 1}-{len(got)} tie on the ORDER BY keys at the LIMIT: checked against "
+                       f"all {len(pool)} rows with those keys")
+
+
 # ---- the reference -----------------------------------------------------------------------------
 
 @dataclass
 class Answer:
     columns: list[Column]
     rows: list[list]
+    limit: int | None = None  # the statement's LIMIT (None: none, or not a cut tie group's concern)
+    boundary: int | None = None  # first row of a tie group the LIMIT cut (None: not cut)
+    pool: list[list] = field(default_factory=list)  # every row of that group
+
+    def body(self) -> dict:
+        return {"columns": [c.to_json() for c in self.columns], "rows": self.rows, "limit": self.limit,
+                "boundary": self.boundary, "pool": self.pool}
+
+    @classmethod
+    def from_body(cls, d: dict) -> Answer:
+        return cls([Column(c["name"], c["type"], c["kind"]) for c in d["columns"]], d["rows"], d.get("limit"),
+                   d.get("boundary"), d.get("pool") or [])
+
+
+def digest(body: dict) -> str:
+    """SHA-256 of an answer's columns and rows (a cached file that does not match is not used)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def probe_null_order(run) -> str:
+    """An engine's NULL order (DataFusion's name for it), from run(sql) -> rows, with two one-row queries."""
+    probe = "SELECT x FROM (SELECT 1 AS x UNION ALL SELECT NULL AS x) t ORDER BY x"
+    first_asc = list(run(probe))[0][0] is None
+    first_desc = list(run(probe + " DESC"))[0][0] is None
+    return {(False, True): "nulls_max", (True, False): "nulls_min", (True, True): "nulls_first",
+            (False, False): "nulls_last"}[(first_asc, first_desc)]
 
 
 class Reference:
@@ -270,41 +353,67 @@ class Reference:
     With a refresh `state` (tilewise.data.refresh.DataState and its update sets), the answers are
     those of the loaded data after those refresh functions: the tables they change become views
     (TPC-H: orders and lineitem, loaded rows minus RF2's deletions plus RF1's insertions), cached
-    apart per state."""
+    apart per state. `null_order` (DataFusion's name; None: its default) sorts NULLs as the engine
+    under test does (see the module docstring), cached apart too."""
 
-    def __init__(self, dataset: Dataset, *, state=None, sets=None) -> None:
+    def __init__(self, dataset: Dataset, *, state=None, sets=None, null_order: str | None = None) -> None:
+        if null_order is not None and null_order not in NULL_ORDERS:
+            raise TilewiseError(f"unknown NULL order {null_order!r}", f"use one of {', '.join(NULL_ORDERS)}")
         self.dataset = dataset
         self.spec = benchmarks.get(dataset.benchmark)
         self.data_dir = Path(dataset.dir)
         self.version = reference_engine_version()
         self.state = state if state is not None and not state.loaded else None
         self.sets = sets or {}
-        self.cache_dir = self.data_dir / "reference" / f"f3-datafusion-{self.version}"
+        self.null_order = null_order or DEFAULT_NULL_ORDER
+        self.cache_dir = self.data_dir / "reference" / f"f4-datafusion-{self.version}"
+        if self.null_order != DEFAULT_NULL_ORDER:
+            self.cache_dir = self.cache_dir / self.null_order
         if self.state is not None:
             self.cache_dir = self.cache_dir / self.state.key
         self._mem: dict[str, tuple[str, Answer]] = {}
+        self._failed: dict[str, tuple[str, str]] = {}
         self._ctx = None
+        self.computed: list[str] = []  # keys computed (not read from the cache) by this object
 
     def answer(self, q) -> Answer:
         """The answer to query q of the benchmark's catalog (its qualification parameters)."""
-        return self.answer_sql(self.spec.catalog.text(q), self.spec.catalog.ref_key(q))
+        return self.answer_sql(self.spec.catalog.text(q), self.spec.catalog.ref_key(q), q)
 
-    def answer_sql(self, sql: str, key: str) -> Answer:
-        """The reference answer to sql, cached as <cache_dir>/<key>.json (recomputed when the SQL differs)."""
+    def reference_text(self, sql: str, q=None) -> str:
+        """The text DataFusion runs for query q's sql (the benchmark's reference rules)."""
+        return self.spec.reference_sql(sql, q)
+
+    def answer_sql(self, sql: str, key: str, q=None) -> Answer:
+        """The reference answer to sql (query q, when known: the benchmark's reference rules may name
+        it), cached as <cache_dir>/<key>.json (recomputed when the SQL, the text DataFusion runs or
+        the hash differs). Raises NoReference when DataFusion fails on it."""
         if key in self._mem and self._mem[key][0] == sql:
             return self._mem[key][1]
+        if key in self._failed and self._failed[key][0] == sql:
+            raise NoReference(self._failed[key][1])
         path = self.cache_dir / f"{key}.json"
+        text = self.reference_text(sql, q)
         ans = None
         try:
             doc = json.loads(path.read_text())
-            if doc.get("format") == REF_FORMAT and doc.get("sql") == sql:
-                ans = Answer([Column(c["name"], c["type"], c["kind"]) for c in doc["columns"]], doc["rows"])
+            body = {k: doc[k] for k in ("columns", "rows", "limit", "boundary", "pool")}
+            if (doc.get("format") == REF_FORMAT and doc.get("sql") == sql and doc.get("reference_sql") == text
+                    and doc.get("sha256") == digest(body)):
+                ans = Answer.from_body(body)
         except (OSError, ValueError, AttributeError, KeyError, TypeError):
             pass
         if ans is None:
-            ans = self._compute(sql, key)
+            try:
+                ans = self._compute(sql, text, key)
+            except NoReference as e:
+                self._failed[key] = (sql, str(e))  # asked again, the same answer without recomputing
+                raise
+            self.computed.append(key)
+            body = ans.body()
             self._store(path, {"format": REF_FORMAT, "engine": f"datafusion {self.version}", "query": key,
-                               "sql": sql, "columns": [c.to_json() for c in ans.columns], "rows": ans.rows})
+                               "null_order": self.null_order, "sql": sql, "reference_sql": text,
+                               "sha256": digest(body), **body})
         self._mem[key] = (sql, ans)
         return ans
 
@@ -312,11 +421,14 @@ class Reference:
         for n in numbers:
             self.answer(n)
 
-    def _compute(self, sql: str, key: str) -> Answer:
+    def _context(self):
         if self._ctx is None:
             import datafusion
 
-            ctx = datafusion.SessionContext()
+            cfg = datafusion.SessionConfig()
+            if self.null_order != DEFAULT_NULL_ORDER:
+                cfg = cfg.set("datafusion.sql_parser.default_null_ordering", self.null_order)
+            ctx = datafusion.SessionContext(cfg)
             changed = set(self.state.changed) if self.state is not None else set()
             for name, p in self.dataset.tables.items():
                 ctx.register_parquet(f"{name}__loaded" if name in changed else name, str(p))
@@ -327,15 +439,45 @@ class Reference:
                 for view in views:
                     ctx.sql(view)
             self._ctx = ctx
+        return self._ctx
+
+    def _run(self, text: str, key: str) -> tuple[list[Column], list[list]]:
         try:
-            table = self._ctx.sql(self.spec.reference_sql(sql)).to_arrow_table()
-        except Exception as e:
-            raise TilewiseError(f"the reference engine (DataFusion) failed on {key}: {e}") from None
+            table = self._context().sql(text).to_arrow_table()
+        except Exception as e:  # noqa: BLE001 - DataFusion raises several types; all mean "no answer"
+            raise NoReference(f"the reference engine (DataFusion) failed on {key}: "
+                              f"{' '.join(str(e).split())[:300]}") from None
         cols = [Column(f.name, str(f.type), arrow_kind(f.type)) for f in table.schema]
-        data = table.to_pydict()
-        names = table.column_names
-        rows = list(zip(*(data[c] for c in names))) if names else []
-        return Answer(cols, norm_rows(rows))
+        # by position: answers may repeat a column name (TPC-DS q39's two d_moy), which a dict would merge
+        rows = list(zip(*(c.to_pylist() for c in table.columns))) if table.num_columns else []
+        return cols, norm_rows(rows)
+
+    def _compute(self, sql: str, text: str, key: str) -> Answer:
+        """The answer; when the statement ends in ORDER BY ... LIMIT n over output columns, it is run
+        with a larger LIMIT so that a tie group the LIMIT cuts is known whole (the pool)."""
+        m = _LIMIT.search(text)
+        if m is None:
+            return Answer(*self._run(text, key))
+        limit = int(m.group(1))
+        extra = POOL_ROWS
+        while True:
+            cols, rows = self._run(_LIMIT.sub(f"limit {limit + extra}", text), key)
+            _, keys = columns_for(sql, cols)
+            if not keys or len(keys) != _order_length(sql) or len(rows) <= limit:
+                return Answer(cols, rows[:limit], limit)  # no pool: fewer rows, or keys not all in the answer
+            plain = [Column(c.name, c.type, c.kind) for c in cols]
+            last, start = rows[limit - 1], limit - 1
+            while start > 0 and _same_keys(rows[start - 1], last, keys, plain):
+                start -= 1
+            end = limit
+            while end < len(rows) and _same_keys(rows[end], last, keys, plain):
+                end += 1
+            if end < len(rows) or len(rows) < limit + extra:  # the group ended within what was fetched
+                ans = Answer(cols, rows[:limit], limit)
+                if end > limit:
+                    ans.boundary, ans.pool = start, rows[start:end]
+                return ans
+            extra *= 10
 
     def _store(self, path: Path, doc: dict) -> None:
         try:
@@ -344,17 +486,28 @@ class Reference:
             pass  # a read-only data directory only costs recomputation next time
 
     def check(self, q, rows) -> Check:
-        return self.check_sql(self.spec.catalog.text(q), self.spec.catalog.ref_key(q), rows)
+        return self.check_sql(self.spec.catalog.text(q), self.spec.catalog.ref_key(q), rows, q)
 
-    def check_sql(self, sql: str, key: str, rows) -> Check:
-        ans = self.answer_sql(sql, key)
+    def check_sql(self, sql: str, key: str, rows, q=None) -> Check:
+        ans = self.answer_sql(sql, key, q)
         cols, keys = columns_for(sql, ans.columns)
-        return compare(norm_rows(rows), ans.rows, cols, keys)
+        got = norm_rows(rows)
+        if ans.boundary is not None:
+            return compare_cut(got, ans.rows, cols, keys, ans.boundary, ans.pool)
+        return compare(got, ans.rows, cols, keys)
+
+
+def _order_length(sql: str) -> int:
+    """How many keys the outermost ORDER BY has (0: none)."""
+    return len(sqlshape.analyse(sql).order_by or ())
 
 
 def columns_for(sql: str, ref_columns: list[Column]) -> tuple[list[Column], tuple[int, ...] | None]:
     """The reference's columns with their division flags from the SQL, and the ORDER BY key columns."""
     shape = sqlshape.analyse(sql)
     outs = shape.outputs if shape.outputs is not None and len(shape.outputs) == len(ref_columns) else None
-    cols = [Column(c.name, c.type, c.kind, bool(outs and outs[i].division)) for i, c in enumerate(ref_columns)]
+    if outs is not None:
+        cols = [Column(c.name, c.type, c.kind, outs[i].division) for i, c in enumerate(ref_columns)]
+    else:  # SELECT *: a column named like a division defined inside the query is one
+        cols = [Column(c.name, c.type, c.kind, c.name.lower() in shape.division_names) for c in ref_columns]
     return cols, sqlshape.order_columns(shape, [c.name for c in ref_columns])

@@ -18,6 +18,7 @@ from tilewise.registry import Registry
 REGISTRY: Registry[Benchmark] = Registry("benchmark", "tilewise.benchmarks", {
     "tpch": "tilewise.benchmarks.tpch",
     "jcch": "tilewise.benchmarks.jcch",
+    "tpcds": "tilewise.benchmarks.tpcds",
 })
 
 

@@ -1,6 +1,6 @@
 """The benchmark contract: what one benchmark package provides, as one spec object (``SPEC``).
 
-A benchmark (TPC-H, JCC-H; TPC-DS next) is one package, ``tilewise.benchmarks.<name>`` or a
+A benchmark (TPC-H, JCC-H, TPC-DS) is one package, ``tilewise.benchmarks.<name>`` or a
 package outside the tree registered under the entry-point group ``tilewise.benchmarks``, that
 exports one :class:`Benchmark`. The spec gives:
 
@@ -9,7 +9,12 @@ exports one :class:`Benchmark`. The spec gives:
   (:class:`Catalog`); ids are numbers (1..22) or strings for multi-part queries ("14a");
 - ``params``: its query parameter sets, drawn per stream from a seed (:class:`ParamSets`), or None
   for one fixed set in every stream;
-- ``reference_sql``: the reference-answer rules (the text the reference engine runs for a query);
+- ``reference_sql``: the reference-answer rules (the text the reference engine runs for a query,
+  which may name the query); ``engine_null_order``: the references sort NULLs as the engine under
+  test does (for benchmarks whose ORDER BY keys hold NULLs);
+- ``dialects``: {engine name: rewrite of a query's text into that engine's dialect}, for engines
+  whose SQL differs from the standard the texts follow (until the engine contract's dialect hook
+  takes them into the engines' folders);
 - ``metrics``: its figures from what a run measured, its minimum stream count, and what the
   figures lack when parts were not measured (:class:`Metrics`);
 - ``refresh``: its refresh (maintenance) functions, or None when it has none here (:class:`Refresh`);
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +46,22 @@ def query_number(q: QueryId) -> int:
     if not m:
         raise ValueError(f"query id {q!r} does not start with a number")
     return int(m.group(0))
+
+
+def scale_factor(sf, *, lowest: float, too_small: str, highest: float, title: str) -> float:
+    """A scale factor as a float in [lowest, highest], or a UsageError: too_small says why below
+    `lowest` the benchmark cannot make a set ("leaves the supplier table empty ...")."""
+    try:
+        v = float(sf)
+    except (TypeError, ValueError):
+        raise UsageError(f"scale factor {sf!r} is not a number", "use e.g. --sf 1 or --sf 0.01") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise UsageError(f"scale factor must be > 0, got {sf}", "use e.g. --sf 1 or --sf 0.01")
+    if v < lowest * (1 - 1e-9):
+        raise UsageError(f"scale factor {sf} {too_small}", f"use --sf {lowest:g} or more")
+    if v > highest:
+        raise UsageError(f"scale factor {sf} is beyond {title}'s largest ({highest:g})", "use e.g. --sf 1 or --sf 100")
+    return v
 
 
 def check_seed(seed) -> int:
@@ -287,8 +308,12 @@ class Refresh(abc.ABC):
 
 # ---- the spec -------------------------------------------------------------------------------------
 
-def as_written(sql: str) -> str:
+def as_written(sql: str, q: QueryId | None = None) -> str:
     return sql
+
+
+# an engine's rewrite of a benchmark query: (text, query id) -> the text that engine runs
+Dialect = Callable[[str, QueryId], str]
 
 
 @dataclass(frozen=True)
@@ -303,8 +328,13 @@ class Benchmark:
     metrics: Metrics
     params: ParamSets | None = None
     refresh: Refresh | None = None
-    reference_sql: Callable[[str], str] = field(default=as_written)
+    # the text the reference engine runs for a query's text (and its id, None when not known)
+    reference_sql: Callable[[str, QueryId | None], str] = field(default=as_written)
     docs: str = ""  # where its documentation is, e.g. "docs/tpch.md"
+    # {engine name: its rewrite of a query's text}; an engine not named runs the texts as written
+    dialects: Mapping[str, Dialect] = field(default_factory=dict)
+    # the references sort NULLs as the engine under test (probed when it starts): ORDER BY keys hold NULLs
+    engine_null_order: bool = False
 
     @property
     def query_seed(self) -> bool:
@@ -324,6 +354,11 @@ class Benchmark:
         else:
             seed = self.data.check_seed(self.data.default_seed if seed is None else seed)
         return self.data.dataset(self.data.check_sf(sf), data_dir, seed=seed, log=log, progress=progress)
+
+    def engine_sql(self, engine: str, sql: str, q: QueryId) -> str:
+        """The text engine `engine` runs for query q's sql: its dialect's rewrite, or sql as written."""
+        rewrite = self.dialects.get(engine)
+        return rewrite(sql, q) if rewrite is not None else sql
 
     def query_set(self, params: str | None = None, *, seed: int = 0, sf: float = 1.0) -> QuerySet:
         """The SQL every stream runs: the catalog's texts, or the parameter set `params` (default:

@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -28,6 +29,15 @@ MANIFEST = "manifest.json"
 
 # progress(task, done, total): what a long build reports (total None: unknown)
 Progress = Callable[[str, float, "float | None"], None]
+
+
+def find_tool(name: str) -> str:
+    """A generator installed with tilewise's Python (a pip package's executable, e.g. tpchgen-cli),
+    else on PATH; a one-line error naming the install when it is in neither."""
+    exe = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if not exe:
+        raise TilewiseError(f"{name} not found", f"install it with `pip install {name}` (make setup does)")
+    return exe
 
 
 def cache_root(kind: str) -> Path:

@@ -8,14 +8,11 @@ module as the benchmark contract's Data (tilewise.benchmarks.spec).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from tilewise.benchmarks.spec import Data
+from tilewise.benchmarks.spec import Data, scale_factor
 from tilewise.data import TABLES, Dataset, store, table_paths  # noqa: F401 - table_paths is part of this module's API
-from tilewise.errors import TilewiseError, UsageError
 
 TITLE = "TPC-H"
 
@@ -35,18 +32,8 @@ def sf_label(sf: float) -> str:
 
 
 def check_sf(sf) -> float:
-    try:
-        v = float(sf)
-    except (TypeError, ValueError):
-        raise UsageError(f"scale factor {sf!r} is not a number", "use e.g. --sf 1 or --sf 0.01") from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise UsageError(f"scale factor must be > 0, got {sf}", "use e.g. --sf 1 or --sf 0.01")
-    if v < MIN_SF * (1 - 1e-9):
-        raise UsageError(f"scale factor {sf} leaves the supplier table empty (10000 x SF rows)",
-                         f"use --sf {MIN_SF:g} or more")
-    if v > MAX_SF:
-        raise UsageError(f"scale factor {sf} is beyond TPC-H's largest ({MAX_SF:g})", "use e.g. --sf 1 or --sf 100")
-    return v
+    return scale_factor(sf, lowest=MIN_SF, too_small="leaves the supplier table empty (10000 x SF rows)",
+                        highest=MAX_SF, title=TITLE)
 
 
 def sf_dir(sf: float, data_dir: str | Path | None = None) -> Path:
@@ -55,10 +42,7 @@ def sf_dir(sf: float, data_dir: str | Path | None = None) -> Path:
 
 
 def tpchgen() -> str:
-    exe = shutil.which("tpchgen-cli", path=str(Path(sys.executable).parent)) or shutil.which("tpchgen-cli")
-    if not exe:
-        raise TilewiseError("tpchgen-cli not found", "install it with `pip install tpchgen-cli` (make setup does)")
-    return exe
+    return store.find_tool("tpchgen-cli")
 
 
 def tpchgen_version() -> str:

@@ -28,7 +28,7 @@ _Q21_AGG = ("and q21_key = l1.l_orderkey and (q21_min <> l1.l_suppkey or q21_max
             "and (q21_late_key is null or (q21_late_min = l1.l_suppkey and q21_late_max = l1.l_suppkey))")
 
 
-def reference_sql(sql: str) -> str:
+def reference_sql(sql: str, q=None) -> str:
     """The text the reference engine runs for sql: Q21 (TPC-H's or JCC-H's, any nation) with its
     correlated subqueries as per-order aggregates (see above); every other text unchanged. Comments go,
     white space is folded (the answer does not depend on either)."""

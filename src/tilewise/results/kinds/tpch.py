@@ -50,6 +50,9 @@ class Query(Record):
     ci95_s: list[float] | None = None
     rel_spread: float | None = None
     outliers: list[int] = field(default_factory=list)
+    failed: str | None = None  # the engine could not run it: its error
+    not_comparable: str | None = None  # the reference engine has no answer for it (valid is None)
+    rewritten: bool = False  # the engine ran the benchmark's rewrite for its dialect
 
     @property
     def unstable(self) -> bool:
@@ -223,6 +226,7 @@ class PolicySummary:
     geomean_speedup_vs_baseline: float | None = None
     throughput_speedup_vs_baseline: float | None = None
     valid: bool | None = None
+    not_comparable: int = 0  # queries without a reference answer (not validated, never called valid)
     tpch: dict[str, dict] = field(default_factory=dict)  # the benchmark's figures (power_at_size ...) -> stats.summarize
 
     def to_json(self) -> dict:
@@ -234,7 +238,7 @@ class PolicySummary:
                 "sum_of_query_medians_s": self.sum_of_query_medians_s,
                 "geomean_speedup_vs_baseline": self.geomean_speedup_vs_baseline,
                 "throughput_speedup_vs_baseline": self.throughput_speedup_vs_baseline,
-                "valid": self.valid, "complete": self.complete, **self.tpch}
+                "valid": self.valid, "not_comparable": self.not_comparable, "complete": self.complete, **self.tpch}
 
 
 def summarize(doc: TpchDoc) -> dict[str, PolicySummary]:
@@ -256,13 +260,32 @@ def summarize(doc: TpchDoc) -> dict[str, PolicySummary]:
             sum_of_query_medians_s=sum(r.median_s for r in p.queries.values() if r.median_s) or None,
             geomean_speedup_vs_baseline=stats.geomean(speedups),
             throughput_speedup_vs_baseline=(base_total / total["median"]) if base_total and total["median"] else None,
-            valid=all(r.valid for r in p.queries.values()) if p.queries else None)
+            valid=all_valid([r.valid for r in p.queries.values()]),
+            not_comparable=sum(1 for r in p.queries.values() if r.not_comparable))
         for key, _ in doc.figures:
             vals = [r.figure(key) for r in p.tpch_runs if r.figure(key) is not None]
             if vals:
                 s.tpch[key] = stats.summarize(vals)
         out[name] = s
     return out
+
+
+def all_valid(verdicts: list[bool | None]) -> bool | None:
+    """False when an answer was wrong (or a query failed), True when every one was valid, else None
+    (not validated, or without a reference answer)."""
+    if not verdicts:
+        return None
+    if any(v is False for v in verdicts):
+        return False
+    return True if all(v is True for v in verdicts) else None
+
+
+def answers_cell(s: PolicySummary) -> str:
+    if s.valid is False:
+        return "WRONG"
+    if s.not_comparable:
+        return f"valid, {s.not_comparable} not comparable" if s.valid is None else "valid"
+    return "valid" if s.valid else "-"
 
 
 def summary_json(doc: TpchDoc) -> dict:
@@ -294,6 +317,9 @@ def render(doc: TpchDoc, out) -> None:
         cells = []
         for n in measured:
             rec = pols[n].queries.get(q)
+            if rec and rec.failed:
+                cells.append("FAILED")  # the engine could not run it (its error is in results.json)
+                continue
             if not rec or not rec.times_s:
                 cells.append("-")
                 continue
@@ -303,6 +329,8 @@ def render(doc: TpchDoc, out) -> None:
                 c += f" ±{half:.3f}"
             if rec.valid is False:
                 c += " WRONG"
+            elif rec.not_comparable:
+                c += " n/c"
             elif rec.unstable:
                 c += " ~"
             if rec.outliers:
@@ -330,7 +358,7 @@ def render(doc: TpchDoc, out) -> None:
                    f"{T.fmt(s.total.get('min'))}-{T.fmt(s.total.get('max'))}",
                    f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
                    T.fmt(s.geomean_speedup_vs_baseline, ".2f"), T.fmt(s.throughput_speedup_vs_baseline, ".2f"),
-                   "valid" if s.valid else ("WRONG" if s.valid is False else "-"))
+                   answers_cell(s))
     out.print(st)
     if any(summ[n].tpch for n in measured):
         how = "with refresh functions RF1/RF2" if doc.refresh and doc.refresh.applied else "without refresh functions"
@@ -345,6 +373,10 @@ def render(doc: TpchDoc, out) -> None:
             mt.add_row(n, *(_metric_cell(summ[n].tpch.get(k)) for k, _ in doc.figures), streams)
         out.print(mt)
     marks = []
+    if any(r.not_comparable for n in measured for r in pols[n].queries.values()):
+        marks.append("n/c = not comparable: the reference engine has no answer for it (see results.json)")
+    if any(r.failed for n in measured for r in pols[n].queries.values()):
+        marks.append("FAILED = the engine could not run it (its error is in results.json)")
     if any(r.unstable for n in measured for r in pols[n].queries.values()):
         marks.append(f"~ = varies by more than {SPREAD_WARN:.0%} between runs (use more --runs and a quiet machine)")
     if any(r.outliers for n in measured for r in pols[n].queries.values()):
@@ -382,16 +414,20 @@ def _metric_cell(s: dict | None) -> str:
     return f"{s['median']:.1f}" + (f" ({ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
 
 
-def _qnum(q: str) -> int:
-    return int(q[1:]) if q[1:].isdigit() else 0
+def _qnum(q: str) -> tuple[int, str]:
+    """Sort key of a query name: "q2" < "q10" < "q14a" < "q14b" < "q15"."""
+    import re
+
+    m = re.fullmatch(r"q?(\d+)(.*)", q)
+    return (int(m.group(1)), m.group(2)) if m else (0, q)
 
 
 def _queries(doc: TpchDoc, policies: Sequence[str]) -> list[str]:
-    """The timed queries of these policies, in query-number order."""
+    """The timed (or failed) queries of these policies, in query-number order."""
     qs: list[str] = []
     for n in policies:
         for q, rec in doc.policies[n].queries.items():
-            if q not in qs and rec.times_s:
+            if q not in qs and (rec.times_s or rec.failed):
                 qs.append(q)
     return sorted(qs, key=_qnum)
 
@@ -479,7 +515,8 @@ def plots(doc: TpchDoc, out_dir: Path) -> list[Path]:
         paths.append(P.bar_chart(out_dir / "tpch_metrics.png", ran,
                                  {title: [s.get("median") for s in ss] for title, ss in figs.items()},
                                  intervals={title: [s.get("ci95") for s in ss] for title, ss in figs.items()},
-                                 ylabel="queries per hour x SF\n(median, whiskers: 95 % CI)",
+                                 ylabel=f"queries per hour{' x SF' if doc.figures == FIGURES else ''}\n"
+                                        "(median, whiskers: 95 % CI)",
                                  title=f"{bench} metrics per policy ({tag})", reference_line=None))
     return paths
 
