@@ -14,7 +14,7 @@ from tilewise.bench import validate as bv
 from tilewise.benchmarks.spec import Catalog
 from tilewise.benchmarks.tpcds import SPEC, data, kit, queries, rewrites
 from tilewise.data import store
-from tilewise.engines.base import Engine, InstanceStatus, QueryResult
+from tilewise.engines.contract import Capabilities, EngineSpec, InstanceStatus, QueryResult, Runtime
 from tilewise.errors import TilewiseError, UsageError
 
 from conftest import run_cli
@@ -279,16 +279,19 @@ def test_duckdb_answers_are_valid_and_a_tampered_reference_is_caught(tiny, duck)
 
 # ---- the harness: bench tpcds ------------------------------------------------------------------------------
 
-class LocalDuckDB(Engine):
+LOCAL = EngineSpec("local", "Local", "one in-process DuckDB", runtime="", missing=lambda: None,
+                   version=lambda: "test", capabilities=Capabilities(replicas=True))
+
+
+class LocalDuckDB(Runtime):
     """One in-process DuckDB over the tiny set's Parquet files: the harness's handling of TPC-DS
     (the engine's NULL order, dialect rewrites, a statement the engine rejects) without servers.
     `reject`: statements it raises on, as an engine rejects SQL it cannot run."""
 
-    name = "local"
-    replicas = True
+    spec = LOCAL
     reject: tuple[str, ...] = ()
 
-    def start(self, plan, *, dataset, allocator="system"):
+    def start(self, plan, *, dataset, allocator="system", **settings):
         import duckdb
 
         self.plan = plan
@@ -296,7 +299,7 @@ class LocalDuckDB(Engine):
         for t, p in dataset.tables.items():
             self.con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{p}')")
 
-    def run_query(self, sql, *, instance=None):
+    def run_query(self, sql, *, instance=None, timeout_s=None):
         if any(queries.qualification()[s].sql == sql for s in self.reject):
             raise TilewiseError("local rejected the query: Parser Error: syntax error at or near \"days\"")
         cur = self.con.cursor()
