@@ -16,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import json
 import platform
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -153,9 +154,12 @@ def dsqgen(kit: Kit, templates: dict[str, str], *, streams: int = 1, seed: int |
         (d / "templates" / f"{DIALECT}.tpl").write_text(DIALECT_TPL)
         (d / "templates.lst").write_text("".join(f"{name}\n" for name in templates))
         (d / "out").mkdir()
-        cmd = [str(kit.dsqgen), "-DIRECTORY", str(d / "templates"), "-INPUT", str(d / "templates.lst"),
-               "-DIALECT", DIALECT, "-SCALE", f"{_scale_arg(sf)}", "-OUTPUT_DIR", str(d / "out"),
-               "-DISTRIBUTIONS", str(kit.distributions), "-STREAMS", str(streams)]
+        # dsqgen keeps file names in short fixed buffers (a long TMPDIR turned OUTPUT_DIR into ".idx"):
+        # every path it gets is short and relative to the run's own directory.
+        shutil.copyfile(kit.distributions, d / "tpcds.idx")
+        cmd = [str(kit.dsqgen), "-DIRECTORY", "templates", "-INPUT", "templates.lst",
+               "-DIALECT", DIALECT, "-SCALE", f"{_scale_arg(sf)}", "-OUTPUT_DIR", "out",
+               "-DISTRIBUTIONS", "tpcds.idx", "-STREAMS", str(streams)]
         if qualify:
             cmd += ["-QUALIFY", "Y"]
         if seed is not None:
