@@ -4,6 +4,7 @@ answers against them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,8 +14,10 @@ import pytest
 from tilewise.bench import validate as bv
 from tilewise.benchmarks.spec import Catalog
 from tilewise.benchmarks.tpcds import SPEC, data, kit, queries, rewrites
+from tilewise import engines
 from tilewise.data import store
-from tilewise.engines.contract import Capabilities, EngineSpec, InstanceStatus, QueryResult, Runtime
+from tilewise.engines.contract import Capabilities, EngineSpec, InstanceStatus, Query, QueryResult, Runtime
+from tilewise.engines.dialects import Rewrites
 from tilewise.errors import TilewiseError, UsageError
 
 from conftest import run_cli
@@ -118,17 +121,42 @@ def test_query_selection_through_the_catalog():
     assert cat.stream_order(0, [7, "14a", 96])[0] == 96  # the power test's order
 
 
-def test_rewrites_match_exactly_or_fail():
+def _as_engine(spec: EngineSpec, statement: str, sql: str, stream: int = 0) -> str:
+    """The text `spec`'s engine runs for a TPC-DS statement (what the harness asks of its dialect hook)."""
+    return spec.sql(sql, Query("tpcds", queries.query_id(statement), stream, f"q{statement}"))
+
+
+# the statements each built-in engine rewrites (engines/<name>/dialect.py documents why)
+REWRITTEN = {
+    "duckdb": {"21", "34", "73", "78", "83", "90"},
+    "spark": {"21", "34", "73", "78", "83", "16", "32", "50", "62", "92", "94", "95", "99"},
+    "trino": {"16", "32", "58", "83", "92", "94", "95", "72", "36", "47", "57", "63", "89", "61", "75"},
+}
+
+
+def test_engine_rewrites_match_exactly_or_fail():
+    """Each built-in engine's TPC-DS rewrites live in its folder, behind its dialect hook: they change
+    exactly the statements they name (qualification and drawn parameters alike), a rule matching
+    another number of times fails loudly, other benchmarks and plug-ins get the text as written."""
     qs = queries.qualification()
-    for engine, rules in rewrites.DIALECTS.items():
-        for sid in rules:
-            sql = SPEC.engine_sql(engine, qs[sid].sql, queries.query_id(sid))
-            assert sql != qs[sid].sql
-    assert SPEC.engine_sql("trino", qs["21"].sql, 21) == qs["21"].sql  # an engine without rules: as written
+    stream = {st.id: st.sql for st in queries.stream(5, 1)}
+    for name, expected in REWRITTEN.items():
+        spec = engines.get(name)
+        assert isinstance(spec.dialect, Rewrites) and set(spec.dialect.table["tpcds"]) == expected
+        for sid, st in qs.items():
+            assert (_as_engine(spec, sid, st.sql) != st.sql) == (sid in expected), (name, sid)
+            assert (_as_engine(spec, sid, stream[sid], 1) != stream[sid]) == (sid in expected), (name, sid)
+        assert spec.sql(qs["21"].sql, Query("tpch", 21, 0, "q21")) == qs["21"].sql  # another benchmark: as written
+    with pytest.raises(TilewiseError, match="duckdb tpcds q90 rewrite .* matched 0 times, expected 1") as e:
+        _as_engine(engines.get("duckdb"), "90", "select 1")
+    assert "tilewise.engines.duckdb.dialect" in e.value.hint
+    plugin = EngineSpec("plug", "Plug", "no dialect hook", runtime="", missing=lambda: None, version=lambda: "1",
+                        capabilities=Capabilities())
+    assert _as_engine(plugin, "90", qs["90"].sql) == qs["90"].sql
     for sid in rewrites.REFERENCE:
         assert SPEC.reference_sql(qs[sid].sql, queries.query_id(sid)) != qs[sid].sql
-    with pytest.raises(TilewiseError, match="matched 0 times"):
-        SPEC.engine_sql("duckdb", "select 1", 90)
+    with pytest.raises(TilewiseError, match="reference q61 rewrite .* matched 0 times"):
+        SPEC.reference_sql("select 1", 61)
 
 
 # ---- data ------------------------------------------------------------------------------------------------
@@ -247,7 +275,7 @@ def test_duckdb_answers_are_valid_and_a_tampered_reference_is_caught(tiny, duck)
     qs = queries.qualification()
 
     def engine(q):
-        return duck.execute(SPEC.engine_sql("duckdb", qs[str(q)].sql, q)).fetchall()
+        return duck.execute(_as_engine(engines.get("duckdb"), str(q), qs[str(q)].sql)).fetchall()
 
     for q in (7, 59, "39a", 90, 21):
         try:
@@ -280,7 +308,8 @@ def test_duckdb_answers_are_valid_and_a_tampered_reference_is_caught(tiny, duck)
 # ---- the harness: bench tpcds ------------------------------------------------------------------------------
 
 LOCAL = EngineSpec("local", "Local", "one in-process DuckDB", runtime="", missing=lambda: None,
-                   version=lambda: "test", capabilities=Capabilities(replicas=True))
+                   version=lambda: "test", capabilities=Capabilities(replicas=True),
+                   dialect=engines.get("duckdb").dialect)  # DuckDB's own rewrites
 
 
 class LocalDuckDB(Runtime):
@@ -340,6 +369,25 @@ def test_harness_reports_rewrites_null_order_failures_and_answers_without_refere
     assert doc["validation"]["wrong_answers"] == [] and doc["summary"]["wim"]["valid"] is False
     refs = doc["validation"]["references"]  # qualification: one text per statement, 6 answers
     assert refs["answers"] == 6 and refs["computed"] + refs["cached"] == 6 and refs["seconds"] >= 0
+
+
+def test_an_engine_without_a_dialect_hook_gets_the_text_as_written(tiny, tmp_path):
+    """A plug-in engine with no dialect hook runs TPC-DS as written, whatever its name: here DuckDB
+    without its rewrites divides q21's integers as floats, and the validator says the answer is wrong
+    (which is why DuckDB's folder rewrites it)."""
+    from tilewise.bench import tpch as harness
+
+    class Plain(LocalDuckDB):
+        spec = dataclasses.replace(LOCAL, dialect=None)
+
+    cfg = harness.Config(engine="duckdb", benchmark="tpcds", sf=TINY, data_dir=tiny.dir.parent, policies="wim",
+                         queries=[7, 21], runs=1, warmup=False, streams=1, params="qualification",
+                         out=tmp_path / "out", plots=False)
+    with pytest.raises(harness.WrongAnswer):
+        harness.run(cfg, harness.Reporter(), engine_cls=Plain)
+    qs = json.loads((tmp_path / "out" / "results.json").read_text())["policies"]["wim"]["queries"]
+    assert qs["q7"]["valid"] is True and qs["q21"]["valid"] is False
+    assert not any(q.get("rewritten") for q in qs.values())
 
 
 def test_bench_tpcds_end_to_end_on_duckdb(tiny, tmp_path):

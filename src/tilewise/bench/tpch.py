@@ -360,11 +360,11 @@ class _Ctx:
     _engine_sql: dict = field(default_factory=dict)
 
     def engine_sql(self, n: QueryId, stream: int) -> str:
-        """The text the engine runs for query n of a stream: the benchmark's rewrite for the engine's
-        dialect, if any, then the engine's own dialect hook (computed once)."""
+        """The text the engine runs for query n of a stream: the benchmark's, through the engine's
+        dialect hook where it has one (computed once)."""
         key = (n, stream)
         if key not in self._engine_sql:
-            text = self.spec.engine_sql(self.cfg.engine, self.queries.sql(n, stream), n)
+            text = self.queries.sql(n, stream)
             q = Query(self.cfg.benchmark, n, stream, self.queries.key(n, stream))
             self._engine_sql[key] = self.engine.sql(text, q) if self.engine is not None else text
         return self._engine_sql[key]
@@ -646,7 +646,7 @@ def _per_query(one: dict, queries: list[QueryId]) -> dict[QueryId, float]:
 def _queries(rec: dict, ctx: _Ctx, times, warm, rows_of, detail, failed) -> None:
     """Each query's record: times, rows, whether its answers were valid (None: not checked, or no
     reference answer: `not_comparable` says why), the engine's error where it could not run it, and
-    whether the engine ran a rewritten text (the benchmark's rewrite for its dialect)."""
+    whether the engine ran a rewritten text (its dialect hook's rewrite)."""
     for n in ctx.cfg.queries:
         if n in failed or n in detail:
             valid = False

@@ -11,10 +11,9 @@ exports one :class:`Benchmark`. The spec gives:
   for one fixed set in every stream;
 - ``reference_sql``: the reference-answer rules (the text the reference engine runs for a query,
   which may name the query); ``engine_null_order``: the references sort NULLs as the engine under
-  test does (for benchmarks whose ORDER BY keys hold NULLs);
-- ``dialects``: {engine name: rewrite of a query's text into that engine's dialect}, for engines
-  whose SQL differs from the standard the texts follow (until the engine contract's dialect hook
-  takes them into the engines' folders);
+  test does (for benchmarks whose ORDER BY keys hold NULLs). Engines get the texts as written: an
+  engine whose SQL differs rewrites them in its own folder (the engine contract's dialect hook,
+  EngineSpec.dialect, told the benchmark and the query);
 - ``metrics``: its figures from what a run measured, its minimum stream count, and what the
   figures lack when parts were not measured (:class:`Metrics`);
 - ``refresh``: its refresh (maintenance) functions, or None when it has none here (:class:`Refresh`);
@@ -29,7 +28,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -312,10 +311,6 @@ def as_written(sql: str, q: QueryId | None = None) -> str:
     return sql
 
 
-# an engine's rewrite of a benchmark query: (text, query id) -> the text that engine runs
-Dialect = Callable[[str, QueryId], str]
-
-
 @dataclass(frozen=True)
 class Benchmark:
     """One benchmark: the object its package exports as SPEC."""
@@ -331,8 +326,6 @@ class Benchmark:
     # the text the reference engine runs for a query's text (and its id, None when not known)
     reference_sql: Callable[[str, QueryId | None], str] = field(default=as_written)
     docs: str = ""  # where its documentation is, e.g. "docs/tpch.md"
-    # {engine name: its rewrite of a query's text}; an engine not named runs the texts as written
-    dialects: Mapping[str, Dialect] = field(default_factory=dict)
     # the references sort NULLs as the engine under test (probed when it starts): ORDER BY keys hold NULLs
     engine_null_order: bool = False
 
@@ -354,11 +347,6 @@ class Benchmark:
         else:
             seed = self.data.check_seed(self.data.default_seed if seed is None else seed)
         return self.data.dataset(self.data.check_sf(sf), data_dir, seed=seed, log=log, progress=progress)
-
-    def engine_sql(self, engine: str, sql: str, q: QueryId) -> str:
-        """The text engine `engine` runs for query q's sql: its dialect's rewrite, or sql as written."""
-        rewrite = self.dialects.get(engine)
-        return rewrite(sql, q) if rewrite is not None else sql
 
     def query_set(self, params: str | None = None, *, seed: int = 0, sf: float = 1.0) -> QuerySet:
         """The SQL every stream runs: the catalog's texts, or the parameter set `params` (default:

@@ -4,7 +4,8 @@
   factor; row-count and key checks;
 - kit.py and queries.py: the 99 templates as 103 statements, rendered from the TPC's kit (templates,
   dsqgen) with the qualification values or per-stream drawn parameters, in each stream's order;
-- rewrites.py: the reference engine's rewrites (exactness) and the engines' dialect rewrites (one table);
+- rewrites.py: the reference engine's rewrites (exactness); an engine's rewrites for its dialect
+  live in its own folder (engines/<name>/dialect.py, EngineSpec.dialect);
 - metrics.py: the power and throughput tests' queries per hour (never QphDS: see its docstring).
 """
 
@@ -16,6 +17,6 @@ from tilewise.benchmarks.tpcds import data, metrics, queries, rewrites
 SPEC = Benchmark(
     name="tpcds", title=data.TITLE, about="TPC-DS (data by tpcgen-cli = dsdgen, queries by the TPC's dsqgen)",
     data=data.DATA, catalog=queries.CATALOG, metrics=metrics.METRICS, params=queries.PARAMS,
-    reference_sql=rewrites.reference_sql, docs="docs/tpcds.md", dialects=rewrites.dialects(),
+    reference_sql=rewrites.reference_sql, docs="docs/tpcds.md",
     engine_null_order=True,
 )

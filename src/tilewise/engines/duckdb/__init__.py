@@ -5,6 +5,7 @@ The runtime (runtime.DuckDBServers) serves `bench tpch`, `bench overhead`, `benc
 `up/status/query/down`; each server is server.py behind engines/serve.py. DuckDB writes its
 tables, so the TPC-H refresh functions run on every replica. Its memory knob is DuckDB's
 memory_limit per server (default: 80 % of its node's memory, split between the instances there).
+Where DuckDB's SQL differs from a benchmark's text, dialect.py rewrites it (documented per query).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 
 from tilewise.engines.contract import Capabilities, EngineSpec
+from tilewise.engines.duckdb.dialect import dialect
 from tilewise.engines.memory import MemoryKnob
 
 
@@ -34,5 +36,6 @@ SPEC = EngineSpec(
                               memory=MemoryKnob("DuckDB's memory_limit", minimum_mb=256, fraction=0.8, cap_mb=1 << 30)),
     missing=missing,
     version=version,
+    dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)
     endpoint_label="sockets in",
 )

@@ -5,7 +5,8 @@ The runtime (cluster.SparkCluster) serves `bench tpch` (a driver for the whole r
 `up/join/status/query/down` (the cluster stays free for users' own applications: `tilewise query`
 starts a driver for its query and stops it after). Workers on other hosts join with `tilewise
 join`. Spark does not write tilewise's tables: no refresh functions. Its memory knob is the worker
-JVM's memory (--worker-memory; default half of its node's memory, at most 31 GiB).
+JVM's memory (--worker-memory; default half of its node's memory, at most 31 GiB). Where Spark's
+SQL differs from a benchmark's text, dialect.py rewrites it (documented per query).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from importlib.metadata import version as dist_version
 
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.memory import MemoryKnob
+from tilewise.engines.spark.dialect import dialect
 from tilewise.engines.spark.home import spark_home
 from tilewise.errors import TilewiseError
 
@@ -38,5 +40,6 @@ SPEC = EngineSpec(
     capabilities=Capabilities(replicas=False, refresh=False, join=True, memory=MemoryKnob("worker JVM memory")),
     missing=missing,
     version=version,
+    dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)
     endpoint_label="master",
 )

@@ -5,7 +5,8 @@ The runtime (cluster.TrinoCluster) serves `bench tpch` and `up/join/status/query
 is served by the Hive connector through hard links, no copy (hive.py), with statistics gathered once
 per data set. The server is not a pip package: `tilewise engines install trino` downloads it
 (install.py). Trino does not write tilewise's tables: no refresh functions. Memory knobs: the
-worker heap (--worker-memory) and the coordinator heap (--coordinator-memory).
+worker heap (--worker-memory) and the coordinator heap (--coordinator-memory). Where Trino's SQL
+differs from a benchmark's text, dialect.py rewrites it (documented per query).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.trino import install
+from tilewise.engines.trino.dialect import dialect
 
 COORDINATOR_MIN_MB = 768
 
@@ -57,5 +59,6 @@ SPEC = EngineSpec(
     version=version,
     install=install_step,
     uninstall=uninstall_step,
+    dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)
     endpoint_label="coordinator",
 )

@@ -52,7 +52,7 @@ class Query(Record):
     outliers: list[int] = field(default_factory=list)
     failed: str | None = None  # the engine could not run it: its error
     not_comparable: str | None = None  # the reference engine has no answer for it (valid is None)
-    rewritten: bool = False  # the engine ran the benchmark's rewrite for its dialect
+    rewritten: bool = False  # the engine ran its dialect hook's rewrite of the text (EngineSpec.dialect)
 
     @property
     def unstable(self) -> bool:

@@ -1,0 +1,35 @@
+"""DuckDB's rewrites of benchmark queries (its dialect hook, SPEC.dialect): literal edits, each of
+which must match exactly as often as it says (engines/dialects.py). Every other query runs as the
+benchmark wrote it. Each rule says why: DuckDB's error or wrong answer without it, against the
+DataFusion reference (tilewise's validator; DuckDB 2.0.1, TPC-DS qualification parameters).
+
+TPC-DS (docs/tpcds.md, "Engines"):
+- integer / integer is a floating division in DuckDB; the SQL standard (and DataFusion, Trino,
+  PostgreSQL) truncates. q21, q34, q73, q78 and q83 divide integers: DuckDB gets `//`, its integer
+  division (same precedence as `/`). Without it: q21 30 rows, expected 18 and q34 19 rows, expected
+  12 (SF 0.01); q73 5 rows, expected 4 and q83 `sr_dev` 18.579234972677593, expected 0.0 (SF 1);
+  q78's ratios happen to come out alike at SF 0.01 and 1 but are the same division.
+- `at` is a reserved word in DuckDB: q90 names a derived table `at` and fails with `Parser Error:
+  syntax error at or near "at"`; DuckDB gets it quoted.
+"""
+
+from __future__ import annotations
+
+from tilewise.engines.dialects import Rewrites
+from tilewise.sqlrewrite import Rule
+
+# statement: (the integer division as written, as `(left)/(right)`, and how often it occurs)
+_INTEGER_DIVISIONS = {
+    "21": (r"(inv_after) / (inv_before)", 1),
+    "34": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
+    "73": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
+    "78": (r"(round\(ss_qty)/(\()", 1),
+    "83": (r"(\w\w_item_qty)/(\(sr_item_qty\+cr_item_qty\+wr_item_qty\)/3\.0)", 3),
+}
+
+TPCDS: dict[str, list[Rule]] = {
+    **{q: [Rule(p, r"\1 // \2", n)] for q, (p, n) in _INTEGER_DIVISIONS.items()},
+    "90": [Rule(r"\)\s+at,", ') "at",', 1)],
+}
+
+dialect = Rewrites("duckdb", __name__, {"tpcds": TPCDS})
