@@ -46,7 +46,7 @@ class SyntheticProc:
     nodes: int = 1
     mappings: int = 500  # lines in each numa_maps (a large DBMS has hundreds to thousands)
     schedstat: bool = True  # False: a kernel without per-task schedstat (readers fall back to stat)
-    comm: str = "duckdb"
+    comm: str = "tw-synthetic"
     start_ticks: int = 123456
     pids: list[int] = field(default_factory=list)
     tasks: dict[int, _Task] = field(default_factory=dict)  # tid -> task

@@ -7,6 +7,9 @@ worker.py (the bound process that runs them), run.py (parameters, spawning, chec
 """
 
 WORKLOADS = ("T1", "T2", "T3")
+# The relational baseline of T1/T2 (the thesis compared SQL Server), run in-process as a library;
+# a variant name, not a deployed engine.
+SQL_VARIANT = "duckdb"
 DESCRIPTIONS = {"T1": "DISTINCT cardinality by bincount (tensor program)",
                 "T2": "join output cardinality by bincount (tensor program)",
                 "T3": "PageRank by scatter_add (tensor program)"}

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from tilewise.errors import TilewiseError, UsageError
-from tilewise.tensor import data, ops, rename
+from tilewise.tensor import SQL_VARIANT, data, ops, rename
 
 PR_CHECK = {"float64": 1e-9, "float32": 1e-3}  # max relative difference of any node's rank vs the reference
 
@@ -217,7 +217,7 @@ def _run_pagerank(spec, tensors, n, torch, device, name, sync) -> dict:
 
 # ---- in-process baselines ----------------------------------------------------------------------
 
-def duckdb_variant(spec: dict, inp: dict, ref: dict) -> dict:
+def sql_variant(spec: dict, inp: dict, ref: dict) -> dict:
     import duckdb
     import pyarrow as pa
 
@@ -236,7 +236,7 @@ def duckdb_variant(spec: dict, inp: dict, ref: dict) -> dict:
             sql = "SELECT count(*) FROM r JOIN s USING (k)"
         times, res = _timed(lambda: con.execute(sql).fetchone()[0], spec["runs"], spec["warmup"])
         ok, how, _ = check(spec, ref, res)
-        return {"name": "duckdb", "engine": f"duckdb {duckdb.__version__}", "device": "cpu", "algorithm": sql,
+        return {"name": SQL_VARIANT, "engine": f"duckdb {duckdb.__version__}", "device": "cpu", "algorithm": sql,
                 "times_s": times, "checked": ok, "check": how, "note": "data loaded into DuckDB tables before timing"}
     finally:
         con.close()
@@ -343,8 +343,8 @@ def run(spec: dict) -> dict:
     ref_s = time.perf_counter() - t0
     files = dump(spec, inp)
     variants, plan = torch_variants(spec, inp, ref, torch, device)
-    if "duckdb" in spec["variants"]:
-        variants.append(duckdb_variant(spec, inp, ref))
+    if SQL_VARIANT in spec["variants"]:
+        variants.append(sql_variant(spec, inp, ref))
     if "scipy" in spec["variants"]:
         variants.append(scipy_variant(spec, inp, ref))
     if any(v in spec["variants"] for v in ("cudf", "cugraph")):
