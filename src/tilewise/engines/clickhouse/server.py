@@ -21,7 +21,9 @@ its compression, and a server keeps its copy in its own memory either way (docs/
 
 Connections: one chdb connection runs one query at a time, so a query takes a connection from a
 pool (a new one, set up alike, when all are busy): queries from several client streams run
-concurrently, sharing the server's thread pool.
+concurrently, sharing the server's thread pool. A connection whose statement failed is closed, not
+reused: chdb 4.4 returns the failed statement's leftover output as the next answer on it. The first
+connection (the anchor) stays open for the server's life: it holds ClickHouse (and its tables) up.
 
 Refresh functions: ClickHouse has no multi-statement transactions, and a Memory table is changed by
 INSERT and by ALTER TABLE ... DELETE (a mutation, synchronous here) -- not by DELETE FROM. execute()
@@ -38,6 +40,7 @@ import queue
 import re
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tilewise.engines import serve
@@ -107,49 +110,55 @@ class ClickHouse(serve.Handler):
         self._chdb = chdb
         where = Path(workdir or ".").resolve() / "chdb"
         opts = f"?max_server_memory_usage={int(memory_mb) << 20}" if memory_mb else ""
-        try:
-            self.first = chdb.connect(f"{where}{opts}")
+        try:  # the anchor: the first connection starts ClickHouse and stays open while the server lives
+            self.anchor = chdb.connect(f"{where}{opts}")
         except Exception as e:  # noqa: BLE001 - ClickHouse's own words are the message
             raise serve.Refused(f"ClickHouse did not start with max_server_memory_usage {memory_mb} MiB: "
                                 f"{_first_line(e)}", "check --worker-memory") from None
         self.path = str(where)
-        limit = int(self._scalar(self.first, "SELECT value FROM system.server_settings "
-                                             "WHERE name = 'max_server_memory_usage'"))
+        limit = int(_scalar(self.anchor, "SELECT value FROM system.server_settings "
+                                         "WHERE name = 'max_server_memory_usage'"))
         if memory_mb and limit < int(memory_mb) << 20:
             raise serve.Refused(f"ClickHouse lowers max_server_memory_usage to {limit >> 20} MiB here (at most 90 % "
                                 f"of the memory it sees), so --worker-memory {memory_mb} MiB cannot be kept",
                                 f"use --worker-memory {limit >> 20}m or less")
         self.limit_bytes = limit
-        self._setup(self.first)
-        self._pool: queue.SimpleQueue = queue.SimpleQueue()
-        self._pool.put(self.first)
+        self.version = _scalar(self.anchor, "SELECT version()")
+        self._pool: queue.SimpleQueue = queue.SimpleQueue()  # idle connections, set up
         self._connect = threading.Lock()
         self._rw = _RWLock()
         self._undo_seq = 0
+        self.discarded = 0  # connections closed after a failed statement
 
     # ---- connections ----
-    def _setup(self, con) -> None:
-        con.query(f"SET max_threads = {int(self.threads)}")
-        for k, v in SESSION_SETTINGS.items():
-            con.query(f"SET {k} = {v}")
-
-    def _take(self):
+    @contextmanager
+    def _session(self):
+        """An idle connection (a new one, set up, when none is idle), back to the pool afterwards. A
+        connection whose statement failed is closed instead: chdb 4.4 hands the next answer on it the
+        failed one's leftover output ('Invalid flatbuffers message' when read as Arrow)."""
         try:
-            return self._pool.get_nowait()
+            con = self._pool.get_nowait()
         except queue.Empty:
             with self._connect:
                 con = self._chdb.connect(self.path)
-            self._setup(con)
-            return con
-
-    @staticmethod
-    def _scalar(con, sql: str):
-        return con.query(sql, "ArrowTable").column(0)[0].as_py()
+            try:
+                con.query(f"SET max_threads = {int(self.threads)}")
+                for k, v in SESSION_SETTINGS.items():
+                    con.query(f"SET {k} = {v}")
+            except BaseException:
+                con.close()
+                raise
+        try:
+            yield con
+        except BaseException:
+            self.discarded += 1
+            con.close()
+            raise
+        self._pool.put(con)
 
     # ---- serve.Handler ----
     def load(self, tables: dict[str, str]) -> None:
-        con = self._take()
-        try:
+        with self._session() as con:
             for name, path in tables.items():
                 try:
                     con.query(f"DROP TABLE IF EXISTS {name} SYNC")
@@ -162,30 +171,33 @@ class ClickHouse(serve.Handler):
                             f"give it more memory with --worker-memory (the Parquet tables are "
                             f"{_parquet_mb(tables)} MiB; in memory they take about 3x that)") from None
                     raise
-        finally:
-            self._pool.put(con)
 
     def query(self, sql: str) -> serve.Answer:
-        con = self._take()
-        self._rw.acquire_read()
-        try:
-            t0 = time.perf_counter()
-            table = con.query(sql, "ArrowTable")
-            cols = list(table.column_names)
-            head = [tuple(r.values()) for r in table.slice(0, SMALL).to_pylist()] if cols else []
-            rest = table.slice(SMALL) if table.num_rows > SMALL else None
-            elapsed = time.perf_counter() - t0
-        finally:
-            self._rw.release_read()
-            self._pool.put(con)
+        with self._session() as con:
+            self._rw.acquire_read()
+            try:
+                t0 = time.perf_counter()
+                table = con.query(sql, "ArrowTable")
+                cols = list(table.column_names)
+                head = [tuple(r.values()) for r in table.slice(0, SMALL).to_pylist()] if cols else []
+                rest = table.slice(SMALL) if table.num_rows > SMALL else None
+                elapsed = time.perf_counter() - t0
+            finally:
+                self._rw.release_read()
         return serve.Answer(cols, head, elapsed, rest)
 
     def execute(self, statements: list[str]) -> None:
         """The statements as one unit: queries held back meanwhile, all undone when one fails."""
-        plans = [self._plan(s) for s in statements]  # refuse a statement we cannot undo before changing anything
-        con = self._take()
-        self._rw.acquire_write()
-        done: list[tuple[str, str, str]] = []
+        plans = [_plan(s) for s in statements]  # refuse a statement we cannot undo before changing anything
+        with self._session() as con:
+            self._rw.acquire_write()
+            try:
+                self._apply(con, plans)
+            finally:
+                self._rw.release_write()
+
+    def _apply(self, con, plans: list[tuple[str, str, str]]) -> None:
+        done: list[tuple[str, str, str]] = []  # (kind, table, undo table) of what was applied
         try:
             for kind, table, body in plans:
                 self._undo_seq += 1
@@ -199,49 +211,52 @@ class ClickHouse(serve.Handler):
                     done.append((kind, table, undo))
                     con.query(f"ALTER TABLE {table} DELETE WHERE {body}")
         except Exception:
-            self._undo(con, done)
+            with self._session() as fresh:  # the failed statement's connection is unusable (see _session)
+                _undo(fresh, done)
+                _drop(fresh, done)
             raise
-        finally:
-            try:
-                for _, _, undo in done:
-                    con.query(f"DROP TABLE IF EXISTS {undo} SYNC")
-            finally:
-                self._rw.release_write()
-                self._pool.put(con)
-
-    def _plan(self, stmt: str) -> tuple[str, str, str]:
-        m = _INSERT.match(stmt)
-        if m:
-            return "insert", m.group(1), m.group(2)
-        m = _DELETE.match(stmt)
-        if m:
-            return "delete", m.group(1), m.group(2)
-        raise ValueError(f"the ClickHouse server applies INSERT INTO t SELECT ... and DELETE FROM t WHERE ... "
-                         f"only (it undoes them when a later statement fails), not: {stmt[:80]}")
-
-    @staticmethod
-    def _undo(con, done: list[tuple[str, str, str]]) -> None:
-        """Reverse the statements applied so far, last first (the undo tables hold their rows). A row
-        an undo of an INSERT deletes equals an inserted one in every column."""
-        for kind, table, undo in reversed(done):
-            if kind == "insert":
-                cols = [r["name"] for r in con.query(
-                    f"SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {_quote(table)} "
-                    "ORDER BY position", "ArrowTable").to_pylist()]
-                tup = ", ".join(cols)
-                con.query(f"ALTER TABLE {table} DELETE WHERE ({tup}) IN (SELECT * FROM {undo})")
-            else:
-                con.query(f"INSERT INTO {table} SELECT * FROM {undo}")
+        _drop(con, done)
 
     def info(self) -> dict:
-        con = self._take()
-        try:
-            version = self._scalar(con, "SELECT version()")
-            threads = int(self._scalar(con, "SELECT getSetting('max_threads')"))
-        finally:
-            self._pool.put(con)
-        return {"threads": threads, "version": f"ClickHouse {version} (chdb {self._chdb.__version__})",
-                "max_server_memory_usage_mb": self.limit_bytes >> 20, "storage": "Memory"}
+        with self._session() as con:
+            threads = int(_scalar(con, "SELECT getSetting('max_threads')"))
+        return {"threads": threads, "version": f"ClickHouse {self.version} (chdb {self._chdb.__version__})",
+                "max_server_memory_usage_mb": self.limit_bytes >> 20, "storage": "Memory",
+                "connections_discarded": self.discarded}
+
+
+def _scalar(con, sql: str):
+    return con.query(sql, "ArrowTable").column(0)[0].as_py()
+
+
+def _plan(stmt: str) -> tuple[str, str, str]:
+    """(kind, table, body) of a statement execute() can apply and undo."""
+    m = _INSERT.match(stmt)
+    if m:
+        return "insert", m.group(1), m.group(2)
+    m = _DELETE.match(stmt)
+    if m:
+        return "delete", m.group(1), m.group(2)
+    raise ValueError(f"the ClickHouse server applies INSERT INTO t SELECT ... and DELETE FROM t WHERE ... "
+                     f"only (it undoes them when a later statement fails), not: {stmt[:80]}")
+
+
+def _undo(con, done: list[tuple[str, str, str]]) -> None:
+    """Reverse the statements applied so far, last first (their undo tables hold their rows). The undo
+    of an INSERT deletes the rows equal to an inserted one in every column."""
+    for kind, table, undo in reversed(done):
+        if kind == "insert":
+            cols = [r["name"] for r in con.query(
+                f"SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {_quote(table)} "
+                "ORDER BY position", "ArrowTable").to_pylist()]
+            con.query(f"ALTER TABLE {table} DELETE WHERE ({', '.join(cols)}) IN (SELECT * FROM {undo})")
+        else:
+            con.query(f"INSERT INTO {table} SELECT * FROM {undo}")
+
+
+def _drop(con, done: list[tuple[str, str, str]]) -> None:
+    for _, _, undo in done:
+        con.query(f"DROP TABLE IF EXISTS {undo} SYNC")
 
 
 def _first_line(e: Exception) -> str:
