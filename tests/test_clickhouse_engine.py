@@ -221,18 +221,26 @@ def test_chdb_missing_is_one_error_naming_the_install(tmp_path, state_env, cmd):
 
 def test_memory_clickhouse_refuses_is_one_error_and_nothing_runs(tmp_path, data_root, state_env):
     """A --worker-memory ClickHouse would lower (above 90 % of the memory it sees): refused before a
-    query runs, every server stopped, for bench and up alike."""
+    query runs, every server stopped and its files gone, for bench and up alike."""
     tag = str(tmp_path)
-    env = {**state_env, "TILEWISE_TEST_TAG": tag}
-    for cmd in (["bench", "tpch", "--out", str(tmp_path / "o"), "--policies", "wim"], ["up", "--name", "big"]):
-        cp = run_cli(*cmd, "--engine", "clickhouse", "--sf", "0.01", "--data-dir", str(data_root),
-                     "--worker-memory", "64t", env=env, timeout=120)
-        lines = cp.stderr.strip().splitlines()
-        assert cp.returncode == 2 and lines[-1].startswith("Error: ClickHouse instance 0: ClickHouse lowers "
-                                                             "max_server_memory_usage to "), cp.stderr
-        assert "Traceback" not in cp.stderr and "use --worker-memory" in lines[-1]
-        assert not wait_gone("TILEWISE_TEST_TAG", tag)
-    assert not list(Path(state_env["TILEWISE_CLUSTER_DIR"]).glob("*.json"))
+    tmp = Path(tempfile.mkdtemp(prefix="tw-ch-"))  # the bench's run directory goes here
+    env = {**state_env, "TILEWISE_TEST_TAG": tag, "TMPDIR": str(tmp)}
+    try:
+        for cmd in (["bench", "tpch", "--out", str(tmp_path / "o"), "--policies", "wim", "--queries", "1"],
+                    ["up", "--name", "big"]):
+            cp = run_cli(*cmd, "--engine", "clickhouse", "--sf", "0.01", "--data-dir", str(data_root),
+                         "--worker-memory", "64t", env=env, timeout=120)
+            lines = cp.stderr.strip().splitlines()
+            assert cp.returncode == 2 and lines[-1].startswith("Error: ClickHouse instance 0: ClickHouse lowers "
+                                                                 "max_server_memory_usage to "), cp.stderr
+            assert "Traceback" not in cp.stderr and "use --worker-memory" in lines[-1]
+            assert not wait_gone("TILEWISE_TEST_TAG", tag)
+        left = list(tmp.iterdir())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert not left, left
+    clusters = Path(state_env["TILEWISE_CLUSTER_DIR"])
+    assert not list(clusters.glob("*.json")) and not (clusters / "big").exists()
 
 
 def test_tables_that_do_not_fit_are_refused_by_the_server(tmp_path):

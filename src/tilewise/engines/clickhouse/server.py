@@ -47,7 +47,7 @@ from tilewise.engines import serve
 
 SMALL = 256  # rows returned as Python tuples before the rest of an answer goes as Arrow
 
-# Per connection, besides max_threads (the instance's cores) and join_use_nulls: each says why.
+# Per connection, besides max_threads (the instance's cores); each says why.
 SESSION_SETTINGS = {
     "join_use_nulls": 1,  # outer joins fill unmatched columns with NULL (SQL), not 0/'' (TPC-H Q13)
     "aggregate_functions_null_for_empty": 1,  # sum/avg/min/max of no rows is NULL (SQL), not 0 (TPC-H Q17)
@@ -96,8 +96,14 @@ class _RWLock:
             self._cond.notify_all()
 
 
-def _quote(s: str) -> str:
+def sql_string(s) -> str:
+    """A ClickHouse string literal."""
     return "'" + str(s).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def parquet_source(path) -> str:
+    """A Parquet file as a ClickHouse table expression (the tables load, the refresh sets are read so)."""
+    return f"file({sql_string(path)}, Parquet)"
 
 
 def _memory_error(e: Exception) -> bool:
@@ -113,6 +119,9 @@ class ClickHouse(serve.Handler):
 
         self._chdb = chdb
         where = Path(workdir or ".").resolve() / "chdb"
+        if "?" in str(where):  # chdb reads what follows a '?' as settings
+            raise serve.Refused(f"chdb cannot keep its database in {where} (a '?' in the path)",
+                                "set TILEWISE_CLUSTER_DIR (tilewise up) or TMPDIR (bench) to a directory without one")
         opts = f"?max_server_memory_usage={int(memory_mb) << 20}" if memory_mb else ""
         try:  # the anchor: the first connection starts ClickHouse and stays open while the server lives
             self.anchor = chdb.connect(f"{where}{opts}")
@@ -166,7 +175,7 @@ class ClickHouse(serve.Handler):
             for name, path in tables.items():
                 try:
                     con.query(f"DROP TABLE IF EXISTS {name} SYNC")
-                    con.query(f"CREATE TABLE {name} ENGINE = Memory AS SELECT * FROM file({_quote(path)}, Parquet)")
+                    con.query(f"CREATE TABLE {name} ENGINE = Memory AS SELECT * FROM {parquet_source(path)}")
                 except Exception as e:  # noqa: BLE001
                     if _memory_error(e):
                         raise serve.Refused(
@@ -251,7 +260,7 @@ def _undo(con, done: list[tuple[str, str, str]]) -> None:
     for kind, table, undo in reversed(done):
         if kind == "insert":
             cols = [r["name"] for r in con.query(
-                f"SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {_quote(table)} "
+                f"SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {sql_string(table)} "
                 "ORDER BY position", "ArrowTable").to_pylist()]
             con.query(f"ALTER TABLE {table} DELETE WHERE ({', '.join(cols)}) IN (SELECT * FROM {undo})")
         else:
