@@ -109,6 +109,22 @@ def test_bench_tpch_every_answer_valid(tmp_path, data_root):
     assert not _servers(str(tmp_path))
 
 
+def test_bench_jcch_power_every_answer_valid(tmp_path_factory, tmp_path):
+    """JCC-H's 22 queries with its skewed parameters, one power test (its refresh functions are
+    TPC-H's, checked above)."""
+    from tilewise.benchmarks.jcch import data as jcch
+
+    root = tmp_path_factory.mktemp("jcch-data")
+    jcch.dataset(0.01, root, seed=0)
+    cp = run_cli("bench", "jcch", "--engine", "clickhouse", "--sf", "0.01", "--policies", "wim", "--runs", "1",
+                 "--tests", "power", "--no-refresh", "--no-plots", "--out", str(tmp_path / "j"),
+                 "--data-dir", str(root), "--json", timeout=300, env={"TILEWISE_TEST_TAG": str(tmp_path)})
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    queries = json.loads(cp.stdout)["policies"]["wim"]["queries"]
+    assert len(queries) == 22 and all(rec["valid"] is True for rec in queries.values())
+    assert not _servers(str(tmp_path))
+
+
 # ---- up / status / query / refresh / down ---------------------------------------------------------
 
 def test_up_status_query_refresh_down(state_env, data_root):
