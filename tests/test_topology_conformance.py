@@ -285,6 +285,11 @@ def test_bulldozer_compute_units_are_two_cores(trees):
     t = topology.load(f"sysfs:{trees['bulldozer']}")
     assert len(t.cores) == 16 and t.smt == 1
     assert any("compute units" in n["text"] for n in t.notes)
+    # as hwloc, only where /proc/cpuinfo says AMD family 15h/16h: else one core with SMT, and said
+    t = topology.load(f"sysfs:{trees['bulldozer-no-cpuinfo']}")
+    assert len(t.cores) == 8 and t.smt == 2
+    (n,) = [n["text"] for n in t.notes if "distinct core ids" in n["text"]]
+    assert "as hwloc reads them without the machine's /proc/cpuinfo" in n and "hwloc-gather-topology" in n
 
 
 def test_low_power_ecores_without_l3_are_not_a_chiplet(trees):
