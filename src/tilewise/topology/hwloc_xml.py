@@ -350,7 +350,8 @@ class _Reader:
             node = ctx.get("node")
             if node is None:
                 node = -1 - len(self.orphans)  # placeholder until the invented nodes are known
-                self.orphans.append((cpu, ctx.get("complete_nodeset") or obj.get("nodeset")))  # its own, else its core's...
+                # its complete_nodeset, else the nearest one above it (its core's...)
+                self.orphans.append((cpu, ctx.get("complete_nodeset") or obj.get("nodeset")))
             self.pus.append(RawPU(cpu, ctx.get("package"), core, ctx.get("core_os", cpu), node, ctx.get("l3")))
             return []
         return objects

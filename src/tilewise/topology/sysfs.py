@@ -263,12 +263,10 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
             for x in siblings:
                 if x not in core_ids:
                     core_ids[x] = _int_opt(cpu_dir / f"cpu{x}" / "topology" / "core_id")
-            if len(siblings) > 1 and len({core_ids[x] for x in siblings}) > 1:
+            distinct = len(siblings) > 1 and len({core_ids[x] for x in siblings}) > 1
+            if distinct:
                 (split_cores if compute_units else distinct_ids).append(c)
-            if len(siblings) > 1 and compute_units and len({core_ids[x] for x in siblings}) > 1:
-                core_key = ("core", c)
-            else:
-                core_key = ("core", min(siblings))
+            core_key = ("core", c) if distinct and compute_units else ("core", min(siblings))
         else:
             core_key = None  # no core facts: one invented core per PU
         l3_key = None
