@@ -50,7 +50,11 @@ if libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()) != 0:  # no ca
     raise OSError(ctypes.get_errno(), "capset")
 libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/PID readable as for any process of uid
 print("ready", flush=True)
-time.sleep(float(sys.argv[2]))
+# fork once the controller has acted on us (its first mask), so that the root child joins mid-run
+# however long tilewise takes to start; argv[2]: the longest wait
+start, deadline = os.sched_getaffinity(0), time.monotonic() + float(sys.argv[2])
+while os.sched_getaffinity(0) == start and time.monotonic() < deadline:
+    time.sleep(0.02)
 pid = os.fork()
 if pid == 0:
     os.setresuid(0, 0, 0)  # the new child is root's (without capabilities): not the user's to re-bind
@@ -286,9 +290,10 @@ def test_elastic_on_an_own_process(user, clean):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (a core to take away)")
 def test_a_child_that_becomes_root_mid_run_is_said_once_and_the_run_is_partial(user, clean):
-    """The target is the user's; a second later it forks a child that takes back root (its saved
-    uid): the kernel refuses to re-bind that child. Said once, the rest stays controlled, exit 3."""
-    tree = subprocess.Popen([sys.executable, "-c", SETUID_TREE, str(user.uid), "1.0"], stdout=subprocess.PIPE, text=True)
+    """The target is the user's; once elastic has bound it, it forks a child that takes back root
+    (its saved uid): the kernel refuses to re-bind that child. Said once, the rest stays
+    controlled, exit 3."""
+    tree = subprocess.Popen([sys.executable, "-c", SETUID_TREE, str(user.uid), "30"], stdout=subprocess.PIPE, text=True)
     try:
         assert tree.stdout.readline().strip() == "ready"
         before = os.sched_getaffinity(tree.pid)
