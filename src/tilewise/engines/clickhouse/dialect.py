@@ -1,7 +1,8 @@
 """ClickHouse's rewrites of benchmark queries (its dialect hook, SPEC.dialect): literal edits, each of
 which must match exactly as often as it says (engines/dialects.py). Every other query runs as the
 benchmark wrote it. Settings come first (server.py's SESSION_SETTINGS: outer-join NULLs, SUM of no
-rows, ROLLUP's NULLs, bare UNION, subqueries without alias); a rule is here only where no setting
+rows, ROLLUP's NULLs, bare UNION, a numeric common type of decimals and floats, CAST of NULL,
+subqueries without alias); a rule is here only where no setting
 makes ClickHouse answer the benchmark's text right, and each says why: ClickHouse's error or wrong
 answer without it, against the DataFusion reference (tilewise's validator; chdb 4.4, ClickHouse
 26.9.2, SF 0.01 and 1).
@@ -20,12 +21,18 @@ TPC-DS (docs/tpcds.md, "Engines"):
   q73, q78 and q83 divide integers the same way (as DuckDB's rules, engines/duckdb/dialect.py). They
   get ClickHouse's `DIV` (integer division, truncating, the precedence of `/`).
 - a decimal quotient keeps the dividend's scale in ClickHouse (DataFusion and the standard give it
-  more digits): q36's ratio `sum(ss_net_profit)/sum(ss_ext_sales_price)` comes out with 2 decimals,
-  its ranks tie (rank_within_parent 3, expected 5) -> the dividend is cast to decimal(38,10) first;
-  q61's `cast(p as decimal(15,4))/cast(t as decimal(15,4))*100` gives 98.5900, expected 98.59920967
-  -> the product first, as Trino's rule; q66's `sum(jan_sales/w_warehouse_sq_ft)` sums quotients
-  truncated to 2 decimals (0.77, expected 0.7843658997307185, a double in the reference) -> the
-  dividend as a double.
+  more digits; no setting changes it): compared, ranked or scaled quotients come out wrong.
+  q36's ratio `sum(ss_net_profit)/sum(ss_ext_sales_price)` has 2 decimals and its ranks tie
+  (rank_within_parent 3, expected 5 at SF 0.01); q11 compares two year-over-year ratios at 2 decimals
+  (87 rows, expected 88 at SF 1); q31 compares quarter-over-quarter ratios (50 rows, expected 51 at
+  SF 1); q58's `rev/((a+b+c)/3) * 100` gives 100.00, expected 100.349611 (SF 1): their dividends are
+  cast to decimal(38,10) first. q4 and q74 compare the same ratios as q11, and q49 ranks ratios at 4
+  decimals as q36 ranks them: they pass as written at SF 0.01 and 1 with the qualification
+  parameters only because no two quotients tie there, and get the same cast. q61's
+  `cast(p as decimal(15,4))/cast(t as decimal(15,4))*100` gives 98.5900, expected 98.59920967 (SF
+  0.01) -> the product first, as Trino's rule; q66's `sum(jan_sales/w_warehouse_sq_ft)` sums
+  quotients truncated to 2 decimals (0.77, expected 0.7843658997307185, a double in the reference)
+  -> the dividend as a double.
 - q66 also names aggregates like the columns they sum (`sum(jan_sales) as jan_sales`): ClickHouse
   resolves the name to the alias itself ("Aggregate function sum(jan_sales) AS jan_sales is found
   inside another aggregate function"). `prefer_column_name_to_alias = 1` fixes it, but as a session
@@ -40,9 +47,10 @@ TPC-DS (docs/tpcds.md, "Engines"):
 - q58 orders by `item_id`, an output column and a column of three joined tables: "ambiguous
   identifier 'item_id'" -> ordered by the output column's expression, `ss_items.item_id`.
 - q75 subtracts `COALESCE(amount, 0.0)` from a decimal: ClickHouse's common type of a decimal and a
-  float is a Variant that SUM refuses ("Illegal type Variant(Decimal(9, 2), Float64)"; with
-  use_variant_as_common_type = 0: "There is no supertype for types Decimal(7, 2), Float64") -> the
-  integer 0.
+  float is a Variant that SUM refuses ("Illegal type Variant(Decimal(9, 2), Float64)"); with
+  `allow_lossy_numeric_supertype = 1` (a session setting) it is a double, and the sums are off in
+  the 11th digit (-91938.96999999994, expected -91938.970000000000000) -> the integer 0, so the
+  amounts stay decimals.
 - stddev_samp of a single row is NaN in ClickHouse, NULL in SQL (q17: `nan`, expected NULL) ->
   `if(count(x) > 1, stddev_samp(x), NULL)` (q39's stddev_samp only feeds `stdev/mean > 1`, where NaN
   and NULL both drop the row: as written).
@@ -77,6 +85,11 @@ _INTEGER_DIVISIONS = {
 
 
 
+def _year_ratio(n: int) -> Rule:
+    """q4, q11, q74: `t_x_secyear.year_total / t_x_firstyear.year_total` with the dividend at 10 decimals."""
+    return Rule(r"\b(t_\w_secyear\.year_total) / (t_\w_firstyear\.year_total)\b", r"cast(\1 as decimal(38,10)) / \2", n)
+
+
 def _name_v1_columns(m: re.Match) -> str:
     """v2's select list (its columns drawn per stream) with each `v1.x` named x."""
     return m.group(1) + re.sub(r"\bv1\.\s*(\w+)", r"v1.\1 AS \1", m.group(2)) + m.group(3)
@@ -88,16 +101,22 @@ TPCDS = {
     **{q: [Rule(p, r"\1 DIV \2", n)] for q, (p, n) in _INTEGER_DIVISIONS.items()},
     "1": [Rule(r"\bSR_[A-Z_]+\b", lambda m: m.group(0).lower(), 1)],  # the column dsqgen drew
     "17": [Rule(r"stddev_samp\((\w+)\)", r"if(count(\1) > 1, stddev_samp(\1), NULL)", 6)],
+    "4": [_year_ratio(4)],
+    "11": [_year_ratio(2)],
+    "74": [_year_ratio(2)],
+    "31": [Rule(r"\b(\w\w\d\.\w+_sales)/(\w\w\d\.\w+_sales)\b", r"cast(\1 as decimal(38,10))/\2", 8)],
+    "49": [Rule(r"(\(cast\(sum\(coalesce\(\w+\.\w+,0\)\) as decimal\()15,4(\)\)/)", r"\g<1>38,10\2", 6)],
+    "75": [Rule(r"(COALESCE\(\w+),0\.0\)", r"\1,0)", 3)],
     "36": [Rule(r"sum\(ss_net_profit\)/sum\(ss_ext_sales_price\)",
                 "cast(sum(ss_net_profit) as decimal(38,10))/sum(ss_ext_sales_price)", 2)],
     "47": [_V2_NAMES],
     "57": [_V2_NAMES],
-    "58": [Rule(r"\border by item_id\b", "order by ss_items.item_id", 1)],
+    "58": [Rule(r"(\w\w_item_rev)/\(\(", r"cast(\1 as decimal(38,10))/((", 3),
+           Rule(r"\border by item_id\b", "order by ss_items.item_id", 1)],
     "61": [Rule(r"cast\(promotions as decimal\(15,4\)\)/cast\(total as decimal\(15,4\)\)\*100",
                 "cast(promotions as decimal(15,4))*100/cast(total as decimal(15,4))", 1)],
     "66": [Rule(r"\b(\w\w\w_sales)/w_warehouse_sq_ft\b", r"cast(\1 as double)/w_warehouse_sq_ft", 12),
            _settings("prefer_column_name_to_alias = 1")],
-    "75": [Rule(r"(COALESCE\(\w+),0\.0\)", r"\1,0)", 3)],
 }
 
 dialect = Rewrites("clickhouse", __name__, {"tpch": TPCH, "jcch": TPCH, "tpcds": TPCDS})
