@@ -22,18 +22,18 @@ TPC-DS (docs/tpcds.md, "Engines"):
 - a decimal quotient keeps the dividend's scale in ClickHouse (DataFusion and the standard give it
   more digits; no setting changes it): compared, ranked or scaled quotients come out wrong.
   q36's ratio `sum(ss_net_profit)/sum(ss_ext_sales_price)` has 2 decimals and its ranks tie
-  (rank_within_parent 3, expected 5 at SF 0.01); q11 compares two year-over-year ratios at 2 decimals
-  (87 rows, expected 88 at SF 1); q31 compares quarter-over-quarter ratios (50 rows, expected 51 at
-  SF 1): their dividends are cast to decimal(38,10) first. q58's `rev/((a+b+c)/3) * 100` gives
-  100.00, expected 100.349611 (SF 1; with only the dividend cast, 103.0534612700, expected
-  103.053363: the divisor `(a+b+c)/3` is truncated too) -> `cast(rev as decimal(38,10))*300/(a+b+c)`,
-  the same mathematics in one division (as the reference's own q58 rule). q4 and q74 compare the same ratios as q11, and q49 ranks ratios at 4
-  decimals as q36 ranks them: they pass as written at SF 0.01 and 1 with the qualification
-  parameters only because no two quotients tie there, and get the same cast. q61's
-  `cast(p as decimal(15,4))/cast(t as decimal(15,4))*100` gives 98.5900, expected 98.59920967 (SF
-  0.01) -> the product first, as Trino's rule; q66's `sum(jan_sales/w_warehouse_sq_ft)` sums
-  quotients truncated to 2 decimals (0.77, expected 0.7843658997307185, a double in the reference)
-  -> the dividend as a double.
+  (rank_within_parent 3, expected 5 at SF 0.01); q11 compares two year-over-year ratios at 2
+  decimals (87 rows, expected 88 at SF 1); q31 compares quarter-over-quarter ratios (50 rows,
+  expected 51 at SF 1): their dividends are cast to decimal(38,10) first. q4 and q74 compare the
+  same ratios as q11, and q49 ranks ratios at 4 decimals as q36 ranks them: they pass as written at
+  SF 0.01 and 1 with the qualification parameters only because no two quotients tie there, and get
+  the same cast. q58's `rev/((a+b+c)/3) * 100` gives 100.00, expected 100.349611 (SF 1; with only
+  the dividend cast, 103.0534612700, expected 103.053363: the divisor `(a+b+c)/3` is truncated too)
+  -> `cast(rev as decimal(38,10))*300/(a+b+c)`, the same mathematics in one division (as the
+  reference's own q58 rule). q61's `cast(p as decimal(15,4))/cast(t as decimal(15,4))*100` gives
+  98.5900, expected 98.59920967 (SF 0.01) -> the product first, as Trino's rule; q66's
+  `sum(jan_sales/w_warehouse_sq_ft)` sums quotients truncated to 2 decimals (0.77, expected
+  0.7843658997307185, a double in the reference) -> the dividend as a double.
 - q66 also names aggregates like the columns they sum (`sum(jan_sales) as jan_sales`): ClickHouse
   resolves the name to the alias itself ("Aggregate function sum(jan_sales) AS jan_sales is found
   inside another aggregate function"). `prefer_column_name_to_alias = 1` fixes it, but as a session

@@ -51,8 +51,9 @@ SMALL = 256  # rows returned as Python tuples before the rest of an answer goes 
 SESSION_SETTINGS = {
     "join_use_nulls": 1,  # outer joins fill unmatched columns with NULL (SQL), not 0/'' (TPC-H Q13)
     "aggregate_functions_null_for_empty": 1,  # sum/avg/min/max of no rows is NULL (SQL), not 0 (TPC-H Q17)
-    "group_by_use_nulls": 1,  # ROLLUP/CUBE's subtotal rows hold NULL (SQL), not '' or 0 (TPC-DS q5, q27, q36, q67, q77, q80)
-    "union_default_mode": "'DISTINCT'",  # a bare UNION removes duplicates (SQL); ClickHouse refuses it (TPC-DS q49, q75)
+    # ROLLUP/CUBE's subtotal rows hold NULL (SQL), not '' or 0 (TPC-DS q5, q27, q36, q67, q77, q80)
+    "group_by_use_nulls": 1,
+    "union_default_mode": "'DISTINCT'",  # a bare UNION removes duplicates (SQL); ClickHouse refuses it (q49, q75)
     "cast_keep_nullable": 1,  # CAST(NULL AS t) is NULL (SQL), not an error (TPC-DS q61 with drawn parameters)
     "joined_subquery_requires_alias": 0,  # a subquery in FROM may have no alias (SQL allows it; TPC-DS q14a)
     "mutations_sync": 2,  # ALTER ... DELETE returns once applied (the refresh functions)
