@@ -182,8 +182,8 @@ class ClickHouse(serve.Handler):
                         raise serve.Refused(
                             f"table {name} does not fit in ClickHouse's memory limit (max_server_memory_usage "
                             f"{self.limit_bytes >> 20} MiB): {_first_line(e)}",
-                            f"give it more memory with --worker-memory (the Parquet tables are "
-                            f"{_parquet_mb(tables)} MiB; in memory they take about 3x that)") from None
+                            f"give it more memory with --worker-memory (its tables are {_parquet_mb(tables)} MiB as "
+                            "Parquet and take several times that in memory)") from None
                     raise
 
     def query(self, sql: str) -> serve.Answer:
@@ -274,8 +274,11 @@ def _drop(con, done: list[tuple[str, str, str]]) -> None:
 
 
 def _first_line(e: Exception) -> str:
+    """ClickHouse's message up to the end of its first sentence ("Code: 241. DB::Exception: ...")."""
     text = " ".join(str(e).split())
-    return text[:300]
+    start = text.find("DB::Exception: ")
+    end = text.find(". ", start) if start >= 0 else -1
+    return (text[:end] if end > 0 else text)[:300]
 
 
 def _parquet_mb(tables: dict[str, str]) -> int:
