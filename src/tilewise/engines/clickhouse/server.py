@@ -211,25 +211,27 @@ class ClickHouse(serve.Handler):
                 self._rw.release_write()
 
     def _apply(self, con, plans: list[tuple[str, str, str]]) -> None:
-        done: list[tuple[str, str, str]] = []  # (kind, table, undo table) of what was applied
+        done: list[tuple[str, str, str]] = []  # (kind, table, undo table) of the statements applied
+        made: list[str] = []  # the undo tables, dropped afterwards
         try:
             for kind, table, body in plans:
                 self._undo_seq += 1
                 undo = f"_tilewise_undo_{self._undo_seq}"
+                made.append(undo)
                 if kind == "insert":  # the rows to insert, kept: the undo deletes exactly them
                     con.query(f"CREATE TABLE {undo} ENGINE = Memory AS {body}")
-                    done.append((kind, table, undo))
+                    done.append((kind, table, undo))  # first: deleting rows that never arrived is harmless
                     con.query(f"INSERT INTO {table} SELECT * FROM {undo}")
                 else:  # the rows to delete, kept: the undo inserts them back
                     con.query(f"CREATE TABLE {undo} ENGINE = Memory AS SELECT * FROM {table} WHERE {body}")
-                    done.append((kind, table, undo))
                     con.query(f"ALTER TABLE {table} DELETE WHERE {body}")
+                    done.append((kind, table, undo))  # after: a Memory table's mutation is applied whole or not at all
         except Exception:
             with self._session() as fresh:  # the failed statement's connection is unusable (see _session)
                 _undo(fresh, done)
-                _drop(fresh, done)
+                _drop(fresh, made)
             raise
-        _drop(con, done)
+        _drop(con, made)
 
     def info(self) -> dict:
         with self._session() as con:
@@ -268,9 +270,9 @@ def _undo(con, done: list[tuple[str, str, str]]) -> None:
             con.query(f"INSERT INTO {table} SELECT * FROM {undo}")
 
 
-def _drop(con, done: list[tuple[str, str, str]]) -> None:
-    for _, _, undo in done:
-        con.query(f"DROP TABLE IF EXISTS {undo} SYNC")
+def _drop(con, tables: list[str]) -> None:
+    for name in tables:
+        con.query(f"DROP TABLE IF EXISTS {name} SYNC")
 
 
 def _first_line(e: Exception) -> str:
