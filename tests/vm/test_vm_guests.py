@@ -612,7 +612,7 @@ def test_probe_memory_covers_every_initiator_and_target(guests, name):
         for when in ("before", "after"):
             p = c["placement"][when]
             assert p["on_target"] == p["pages"] > 0 and not p["elsewhere"] and p["missing"] == 0, (ini, tg, p)
-            assert p["policy"] == f"bind:{tg}", p
+            assert p["policy"] == f"bind:{tg}" and p["numa_maps"] == {str(tg): p["pages"]}, p
         assert set(c["results"]) == {"latency", "read_seq", "write_nt"}
     guest_accel = guests.times[name].accel
     if guest_accel == "tcg":
