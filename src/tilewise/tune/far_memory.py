@@ -38,7 +38,7 @@ class Config:
     workload: str  # W1..W4
     params: wl.Params
     variants: tuple[str, ...]  # bench.far_memory.parse_variants: near first
-    knobs: knobs.Config = field(default_factory=knobs.Config)  # allocator and placement (its memory policy is the variants')
+    base: knobs.Config = field(default_factory=knobs.Config)  # allocator and placement (the variants set the memory policy)
     policy: str = "win"
     instance: int = 0
     runs: int = 3
@@ -67,7 +67,7 @@ def variants(t: Topology, cfg: Config) -> list[Variant]:
                              f"use --instance 0..{len(p.instances) - 1}")
         ensure_mem_policy_supported(p)  # weighted interleave on a kernel before 6.9: one line, nothing run
         inst = p.instances[cfg.instance]
-        out.append(Variant(label.rsplit(":", 1)[1], inst, Binding.from_instance(inst, cfg.knobs.allocator)))
+        out.append(Variant(label.rsplit(":", 1)[1], inst, Binding.from_instance(inst, cfg.base.allocator)))
     return out
 
 
@@ -120,7 +120,7 @@ def run(cfg: Config, t: Topology, reporter: Reporter | None = None, *,
     doc = model.new(KIND, topo=t, params={"workload": cfg.workload, **cfg.params.to_json(),
                                           "variants": [v.name for v in vs], "policy": cfg.policy,
                                           "instance": cfg.instance, "runs": cfg.runs, "warmup": cfg.warmup,
-                                          "config": cfg.knobs.to_json(), "timeout_s": cfg.timeout})
+                                          "config": cfg.base.to_json(), "timeout_s": cfg.timeout})
     doc.update({"workload": cfg.workload, "deployment": dep, "description": wl.DESCRIPTIONS[cfg.workload],
                 "cpus": list(vs[0].instance.cpus), "variants": {}, "far_memory": None, "wrong_answers": [],
                 "emulated": _emulated()})
@@ -129,7 +129,6 @@ def run(cfg: Config, t: Topology, reporter: Reporter | None = None, *,
                                              "only the placement (the bindings read back) is checked")
     rep.message(f"{cfg.workload} in tile {cfg.policy} #{cfg.instance} (CPUs {cpulist.format(vs[0].instance.cpus)}): "
                 f"{len(vs)} memory variant(s), {cfg.warmup} warm-up + {cfg.runs} timed run(s) each")
-    results: dict[str, list[dict]] = {}
     try:
         for v in vs:
             rec = {"title": far_memory.TITLES.get(v.name, v.name), "mem_policy": v.instance.mem_policy,
@@ -143,13 +142,12 @@ def run(cfg: Config, t: Topology, reporter: Reporter | None = None, *,
                 for line in rec["weights_set"]:
                     rep.message(f"{v.name}: {line}")
                 for k in range(cfg.warmup + cfg.runs):
-                    r = runner(cfg.workload, cfg.params, cfg.knobs, t, timeout=cfg.timeout, binding=v.binding)
+                    r = runner(cfg.workload, cfg.params, cfg.base, t, timeout=cfg.timeout, binding=v.binding)
                     timed = k >= cfg.warmup
                     (rec["times_s"] if timed else rec["warmup_s"]).append(r.result.get("time_s"))
                     if timed:
                         rec["runs"].append(r.result)
                         rec["verification"].append(r.verification)
-                        results.setdefault(v.name, []).append(r.result)
             doc["variants"][v.name] = rec
             doc["far_memory"] = summary(cfg.workload, dep, {n: x["times_s"] for n, x in doc["variants"].items()})
             write(doc)
@@ -157,7 +155,7 @@ def run(cfg: Config, t: Topology, reporter: Reporter | None = None, *,
         model.stopped(doc, e)
         write(doc)
         raise
-    doc["wrong_answers"] = same_answer(results)
+    doc["wrong_answers"] = same_answer({n: x["runs"] for n, x in doc["variants"].items()})
     doc["metrics"] = metrics(doc)
     model.finish(doc, complete=not doc["wrong_answers"])
     write(doc)
