@@ -129,6 +129,8 @@ def test_workload_study_runs_every_variant_and_judges_it(cxl2, monkeypatch):
     calls, weights_live = [], []
     monkeypatch.setattr(FM, "check_binding", lambda b: None)  # this host may not allocate on nodes 1-3
     monkeypatch.setattr(FM, "ensure_mem_policy_supported", lambda p: None)
+    admitted = []
+    monkeypatch.setattr(FM, "admit_weights", admitted.append)  # up front, before the first variant runs
 
     def set_weights(session, ws):
         weights_live.append(tuple(ws))
@@ -146,7 +148,7 @@ def test_workload_study_runs_every_variant_and_judges_it(cxl2, monkeypatch):
     doc = FM.run(_study(instance=1, runs=3, warmup=1), cxl2, runner=runner, writer=lambda d: written.append(d["kind"]))
     assert doc["kind"] == "workload.far_memory" and doc["complete"] is True and doc["wrong_answers"] == []
     assert len(calls) == 16 and [c[2] for c in calls] == [0] * 12 + [1] * 4  # weights set for the weighted runs only
-    assert weights_live == [((1, 14), (3, 1))]
+    assert weights_live == [((1, 14), (3, 1))] and admitted[0] == [(1, 14), (3, 1)]
     assert {v: len(r["times_s"]) for v, r in doc["variants"].items()} == {"near": 3, "far": 3, "interleave": 3, "weighted": 3}
     study = doc["far_memory"]["deployments"]["W2 win#1"]
     assert study["far"]["queries"]["W2"]["slowdown"] == pytest.approx(2.0, rel=0.02)

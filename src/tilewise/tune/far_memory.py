@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tilewise import changes, cpulist
 from tilewise.bench import far_memory
-from tilewise.binding import Binding, check_binding, ensure_mem_policy_supported, set_interleave_weights
+from tilewise.binding import Binding, admit_weights, check_binding, ensure_mem_policy_supported, set_interleave_weights
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance
 from tilewise.probes.memory import emulation
@@ -116,6 +116,8 @@ def run(cfg: Config, t: Topology, reporter: Reporter | None = None, *,
     vs = variants(t, cfg)
     for v in vs:
         check_binding(v.binding)  # before anything runs
+    # the global weighted-interleave weights: refused now when not ours to write, not after near memory ran
+    admit_weights(sorted({w for v in vs for w in v.binding.weights}))
     dep = f"{cfg.workload} {cfg.policy}#{cfg.instance}"
     doc = model.new(KIND, topo=t, params={"workload": cfg.workload, **cfg.params.to_json(),
                                           "variants": [v.name for v in vs], "policy": cfg.policy,
