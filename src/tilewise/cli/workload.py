@@ -73,6 +73,11 @@ def os_options(f):
               help="first-touch (default), interleave[:NODES], local, preferred[:N], membind[:NODES].")
 @click.option("--placement", type=click.Choice(["none", "sparse", "dense"]), default=None,
               help="Thread placement inside the process (default none: the OS schedules).")
+@click.option("--mem-variants", "mem_variants", default=None, metavar="LIST",
+              help="W1-W4: the far-memory study: run in one tile of --policy (default win, --instance 0) with the data "
+                   "in near memory, its far tier, interleaved over both, weighted by bandwidth "
+                   "(near,far,interleave,weighted), --runs each; the slowdown against near memory with a verdict. "
+                   "Without a far tier it says so and runs nothing.")
 @click.option("--config", "config_path", metavar="FILE", help="A configuration written by `tilewise tune` (flags win).")
 @os_options
 @click.option("--timeout", type=SECONDS, default=600, show_default=True, help="Seconds before the run is stopped.")
@@ -83,7 +88,7 @@ def os_options(f):
 @topology_option
 @json_option
 def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale,
-                 allocator, mem, placement, config_path, apply_os, thp, autonuma, os_root, timeout, dry_run,
+                 allocator, mem, placement, mem_variants, config_path, apply_os, thp, autonuma, os_root, timeout, dry_run,
                  out_dir, device, variants_text, rename_method, bincount_memory_text, scale, iterations, tolerance,
                  damping, dtype, runs, warmup, policy, instance_id, topology_src, as_json):
     """Run one workload (W1 holistic aggregation, W2 distributive aggregation, W3 hash join,
@@ -97,6 +102,12 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
     from tilewise.tune.os_switches import OsSwitches
 
     tensor = is_tensor_workload(name)
+    if mem_variants is not None:
+        if tensor or name.strip().lower() == "alloc":
+            raise UsageError(f"--mem-variants applies to the workloads W1-W4, not {name.strip()}",
+                             "the far-memory study runs W1-W4 (and `tilewise bench tpch --mem-variants`)")
+        if mem:
+            raise UsageError("--mem-variants and --mem cannot be combined", "the variants choose each run's memory policy")
     if tensor:
         w = name.strip().upper()
         given = explicit("ops", "slots")
@@ -107,7 +118,9 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
                            variants_text, rename_method, bincount_memory_text, scale, iterations, tolerance, damping,
                            dtype, runs, warmup)
     else:
-        given = explicit(*TENSOR_OPTIONS)
+        # the far-memory study runs in a tile of a plan, several times per variant
+        study = ("runs", "warmup", "policy", "instance_id") if mem_variants is not None else ()
+        given = explicit(*(o for o in TENSOR_OPTIONS if o not in study))
         if given:
             raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the tensor workloads "
                              f"T1-T3, not {name.strip()}")
@@ -139,6 +152,9 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
     if tensor:
         return wt.run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_run, out_dir,
                           topology_src, as_json, _null)
+    if mem_variants is not None:
+        return _far_memory(w, p, cfg, t, sw, desired, apply_os, mem_variants, policy, instance_id, runs, warmup,
+                           timeout, dry_run, out_dir, as_json)
     import os
 
     allowed = None if topology_src else set(os.sched_getaffinity(0))
@@ -174,6 +190,48 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
                 "os_changed": [c.to_json() for c in changes], "os_restored": bool(changes)})
     model.finish(doc, complete=True)
     writer.write(doc)
+    if as_json:
+        emit_json(doc)
+        return
+    report.render(doc, console(wide=True))
+    if writer.json_path:
+        console().print(f"wrote {writer.json_path}", markup=False)
+
+
+def _far_memory(w, p, cfg, t, sw, desired, apply_os, mem_variants, policy, instance_id, runs, warmup, timeout,
+                dry_run, out_dir, as_json):
+    """`workload W1-W4 --mem-variants`: the far-memory study in one tile (tune.far_memory)."""
+    from tilewise.bench.far_memory import parse_variants
+    from tilewise.tune import far_memory as fm
+
+    study = fm.Config(w, p, parse_variants(mem_variants), cfg, (policy or "win").strip().lower(), instance_id or 0,
+                      runs, warmup, timeout)
+    vs = fm.variants(t, study)  # no far tier, no such instance: one line, before anything is written or run
+    if dry_run:
+        doc = {"workload": w, "policy": study.policy, "instance": study.instance,
+               "variants": [{"name": v.name, "binding": v.binding.to_json(), "mem_reason": v.instance.mem_reason}
+                            for v in vs]}
+        if as_json:
+            emit_json(doc)
+        else:
+            out = console()
+            for v in vs:
+                out.print(f"{v.name}: {v.binding.describe()} ({v.instance.mem_reason})", markup=False)
+        return
+    from tilewise.results import report
+    from tilewise.results.output import Writer
+
+    writer = Writer(out_dir) if out_dir else Writer(None)  # a bad --out fails before the run
+    err = console(stderr=True)
+
+    class Rep(fm.Reporter):
+        def message(self, text: str) -> None:
+            if not as_json:
+                err.print(f"tilewise: {text}", markup=False)
+
+    ctx = sw.applied(desired) if apply_os else _null()
+    with ctx:
+        doc = fm.run(study, t, Rep(), writer=writer.write)  # rewritten after every variant
     if as_json:
         emit_json(doc)
         return

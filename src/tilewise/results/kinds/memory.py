@@ -7,7 +7,7 @@ the functions read the document as JSON (``MemoryDoc.to_json()``). The body::
     "emulated": null | "why the times are not the hardware's",
     "cells": [{"initiator", "target", "threads", "size_bytes", "status": "measured" | "not_measured" | "failed",
                "reason", "info": {...}, "placement": {"before"|"after": {"pages", "on_target", "elsewhere",
-               "missing", "policy"}}, "results": {test: {threads: {"median", "best", "p10", "p90", "unit",
+               "missing", "policy", "numa_maps": {node: pages}}}, "results": {test: {threads: {"median", "best", "p10", "p90", "unit",
                "reps", "passes", "values": [...]}}}}],
     "firmware": topology.firmware.Firmware.to_json(), "references": [...], "notes": [...]
 """
@@ -129,13 +129,14 @@ def render(doc: dict, out) -> None:
     if rows:
         out.print(scaling)
     place = _table(out, "placement (every page's node, checked before and after measuring)")
-    for col in ("cell", "status", "pages on target", "policy", "reason"):
+    for col in ("cell", "status", "pages on target", "policy", "numa_maps", "reason"):
         place.add_column(col, justify="left")
     for c in doc.get("cells", []):
         p = (c.get("placement") or {}).get("after") or (c.get("placement") or {}).get("before") or {}
         pages = f"{p.get('on_target', 0)}/{p.get('pages', 0)}" if p else "-"
+        maps = " ".join(f"N{n}={k}" for n, k in (p.get("numa_maps") or {}).items()) or "-"
         place.add_row(f"{c['initiator']} -> node {c['target']}", c.get("status", "?"), pages, p.get("policy", "-"),
-                      c.get("reason") or "")
+                      maps, c.get("reason") or "")
     out.print(place)
     _render_firmware(doc, out)
     _render_references(doc, out)

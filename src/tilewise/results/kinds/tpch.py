@@ -381,30 +381,8 @@ def render(doc: TpchDoc, out) -> None:
         marks.append(f"~ = varies by more than {SPREAD_WARN:.0%} between runs (use more --runs and a quiet machine)")
     if any(r.outliers for n in measured for r in pols[n].queries.values()):
         marks.append("! = a run is an outlier (modified z-score > 3.5; see results.json)")
-    render_far_memory(doc.get("far_memory") or {}, out)
+    T.far_memory(doc.get("far_memory") or {}, out)
     T.footer(doc, out, notes=marks + doc.notes)
-
-
-def render_far_memory(study: dict, out) -> None:
-    """The far-memory study (bench --mem-variants, bench.far_memory): per query, each variant's
-    slowdown against near memory, and the verdicts."""
-    for dep, variants in (study.get("deployments") or {}).items():
-        out.print(f"[bold]{dep}[/bold]: slowdown against near memory (ratio of geometric means, 95 % interval)")
-        t = T.table(None, ("query", *variants), left=["query"])
-        for q in dict.fromkeys(q for rec in variants.values() for q in rec["queries"]):
-            cells = []
-            for rec in variants.values():
-                r = rec["queries"].get(q) or {}
-                ci = r.get("ci95")
-                cells.append("-" if r.get("slowdown") is None else f"{r['slowdown']:.2f}x"
-                             + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
-            t.add_row(q, *cells)
-        out.print(t)
-        T.lines(out, "verdict: ", [rec["verdict"] for rec in variants.values()])
-    if study:
-        out.print(f"usable: the whole interval below {study['usable_below']:.2f}x near memory; hurts: above "
-                  f"{study['hurts_above']:.2f}x (thesis 004, ch. 4: where the far tier can stand in for near memory)",
-                  markup=False)
 
 
 def _metric_cell(s: dict | None) -> str:
