@@ -56,8 +56,8 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
     """Start a bound cluster that keeps running; print how to connect.
 
-    One bound worker per plan instance (a Spark or Trino worker, a DuckDB server, ...), verified
-    from /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
+    One bound worker per plan instance (the engine's worker or server: --engine), verified from
+    /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
     """
     _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json)
@@ -66,8 +66,9 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
 @click.command("join")
 @click.option("--engine", "-e", required=True, type=EngineChoice(lambda s: s.capabilities.join),
               help="The engine of the cluster to join (engines whose workers can join from other hosts).")
-@click.option("--coordinator", required=True, metavar="HOST:PORT",
-              help="The coordinator or master (Trino, Spark) started by `tilewise up` on another host.")
+@click.option("--coordinator", required=True, metavar="HOST:PORT", cls=LazyHelpOption,
+              help_text=lambda: "The coordinator or master ({}) started by `tilewise up` on another host.".format(
+                  ", ".join(s.title for s in engines.specs(lambda s: s.capabilities.join))))
 @_worker_options
 @json_option
 def join_cmd(engine, coordinator, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set,

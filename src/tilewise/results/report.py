@@ -311,15 +311,3 @@ def kind_comparisons(runs: Sequence[tuple[str, dict]]) -> list:
             out.append(got)
     return out
 
-
-def benchmark_pair(runs):
-    """The (TPC-H, JCC-H) pair among runs (kept here for callers of the reporting module)."""
-    from tilewise.results.kinds import tpch
-
-    return tpch.benchmark_pair(runs)
-
-
-def benchmark_comparison(tpch_doc: dict, jcch_doc: dict) -> dict:
-    from tilewise.results.kinds import tpch
-
-    return tpch.benchmark_comparison(tpch_doc, jcch_doc)
