@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tilewise import dirs
+from tilewise import launch, procs
 from tilewise.data import TABLES
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json, replace_dir
@@ -122,7 +123,6 @@ def run_with_size_progress(cmd: list[str], out_dir: Path, *, task: str, expected
     Raises TilewiseError with the tail of its stderr when it fails; kills it on any exception."""
     import subprocess
 
-    from tilewise import launch, procs
 
     proc = launch.spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err: list[str] = []

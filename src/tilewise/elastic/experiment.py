@@ -25,6 +25,9 @@ from pathlib import Path
 
 from tilewise import engines
 from tilewise import plan as planner
+from tilewise.benchmarks.tpch import queries as tpch_queries
+from tilewise.data import table_paths
+from tilewise.elastic import daemon, enforce, modes, petri
 from tilewise.engines.contract import EngineSpec, Query
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model
@@ -93,8 +96,6 @@ def _clients(runtime, queries: dict[int, str], clients: int, duration: float, se
 def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients: int, duration: float,
              interval: float, topo, th_min: float, th_max: float, threads: int, log_path: Path | None,
              seed: int = 1, spec: EngineSpec | None = None) -> dict:
-    from tilewise.elastic import daemon, enforce, modes, petri
-
     spec = spec or engines.get(engines.DEFAULT_BENCH)  # threads: the engine's, = the CPUs it starts on
     if not spec.capabilities.replicas:
         raise UsageError(f"bench elastic manages one engine process; {spec.name}'s workers cooperate across several",
@@ -203,8 +204,6 @@ def _time_weighted(timeline: list, wall: float) -> float:
 
 
 def tables_for(workload: str, data: Path) -> dict:
-    from tilewise.data import table_paths
-
     paths = table_paths(data)
     if workload == "q6":
         return {"lineitem": str(paths["lineitem"])}
@@ -212,11 +211,9 @@ def tables_for(workload: str, data: Path) -> dict:
 
 
 def queries_for(workload: str) -> dict:
-    from tilewise.benchmarks.tpch import queries
-
     if workload == "q6":
-        return {6: queries.load(6)}
-    return {n: queries.load(n) for n in queries.NUMBERS}
+        return {6: tpch_queries.load(6)}
+    return {n: tpch_queries.load(n) for n in tpch_queries.NUMBERS}
 
 
 def check_choice(text: str, allowed: tuple, what: str) -> list[str]:

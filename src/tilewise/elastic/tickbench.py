@@ -22,7 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tilewise import launch, procs, topology
 from tilewise.elastic import daemon, modes, petri
+from tilewise.elastic import enforce as enf
 from tilewise.elastic.metrics import ProcFS
 from tilewise.elastic.synthetic_proc import SyntheticProc
 from tilewise.results import stats as S
@@ -81,8 +83,6 @@ def demand_profile(i: int, ticks: int, n_total: int) -> float:
 def run_synthetic(topology_src: str, *, threads: int | None = None, processes: int = 1, mode: str = "adaptive",
                   ticks: int | None = None, interval: float = 0.1, pages_interval: float = 1.0, mappings: int = 500,
                   th_min: float = 10.0, th_max: float = 70.0, workdir: str | None = None) -> dict:
-    from tilewise import topology
-
     t = topology.load(topology_src)
     pool = modes.make_pool(t, None, smt=False)
     n_threads = threads or len(t.pus)  # a DBMS sizes its pool from the CPUs it may use
@@ -150,11 +150,7 @@ def run_real(*, threads: int = 16, busy: float = 0.5, mode: str = "adaptive", du
              interval: float = 0.1, pages_interval: float = 1.0, enforce: str = "auto", dry_run: bool = False,
              th_min: float = 10.0, th_max: float = 70.0) -> dict:
     """Spawn a target with `threads` threads, each busy `busy` of the time, and run the daemon on it."""
-    from tilewise import topology
-    from tilewise.elastic import enforce as enf
-
     t = topology.load(None)
-    from tilewise import launch, procs
 
     child = launch.spawn([sys.executable, "-c", _BURNER, str(threads), str(busy)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from tilewise import cpulist, native, topology
+from tilewise import launch, procs
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.probes import pairs as pairs_mod
 from tilewise.topology.model import Topology
@@ -115,8 +116,6 @@ def choose_cpus(t: Topology, cpus_text: str | None, *, smt: bool = True) -> tupl
 
 def run_pairs(tool: str, argv: Sequence[str], pairs: Sequence[tuple[int, int]],
               on_result: Callable[[PairStat], None] | None = None, timeout_s: float | None = None) -> list[PairStat]:
-    from tilewise import launch, procs
-
     exe = native.binary(tool)
     stdin_text = "".join(f"{a} {b}\n" for a, b in pairs)
     proc = launch.spawn([exe, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

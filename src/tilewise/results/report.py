@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.results import document, kinds, model, stats
+from tilewise.results import plots
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 
@@ -267,8 +268,6 @@ def _short(v) -> str:
 
 def comparison_plot(cmp: dict, path: Path) -> Path | None:
     """Per metric, each later run's ratio to the first with its 95 % interval as error bars."""
-    from tilewise.results import plots
-
     c = Comparison.from_json(cmp, "comparison")
     rows = [r for r in c.metrics if any(v is not None for v in r.vs_first)]
     if not rows or len(c.runs) < 2:

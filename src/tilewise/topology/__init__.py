@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 
+from tilewise import cpulist
 from tilewise.errors import UsageError
+from tilewise.topology import hwloc_xml, synthetic, sysfs
 from tilewise.topology.model import Core, L3Domain, NumaNode, Package, Topology
 
 __all__ = ["Core", "L3Domain", "NumaNode", "Package", "Topology", "load", "is_live", "allowed_nodes"]
 
 
 def load(src: str | os.PathLike | None = None) -> Topology:
-    from tilewise.topology import hwloc_xml, synthetic, sysfs
-
     if src is None or str(src) in ("live", "this"):
         return sysfs.load_live()
     if not str(src).strip():
@@ -47,8 +47,6 @@ def allowed_nodes(t: Topology, status_path: str = "/proc/self/status") -> tuple[
     """The NUMA nodes a node set may name: on this machine the ones this process's cpuset allows
     (Mems_allowed_list), on a loaded topology all of them. numactl's `all`, `!N` and `+N` are relative
     to this set."""
-    from tilewise import cpulist
-
     ids = t.mem_allowed_nodes  # a loaded topology: the nodes its allowed_nodeset names
     if not is_live(t):
         return ids

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tilewise.registry import Registry
+from tilewise.results import document
+from tilewise.results import tables as T
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,6 @@ class Kind:
               plots: Callable[[dict, Path], list[Path]], files: tuple[str, ...]) -> Kind:
         """A kind whose body stays a plain dict (read with .get) and whose writer stores its metrics:
         its functions take the document as a dict; the common footer (warnings, system check) follows."""
-        from tilewise.results import document
-        from tilewise.results import tables as T
-
         def _render(doc, out) -> None:
             render(doc.to_json(), out)
             T.footer(doc, out)

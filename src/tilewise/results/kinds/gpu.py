@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tilewise.results import plots as P
 from tilewise.results.document import metric
 from tilewise.results.kinds import Kind
 from tilewise.results.tables import csv_text
@@ -62,7 +63,6 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
     done = [c for c in doc.get("cases", []) if "gbs" in c]
     if not done:
         return []
-    from tilewise.results import plots as P
 
     plt = P.pyplot()
 

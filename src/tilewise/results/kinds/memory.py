@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tilewise import cpulist
 from tilewise.results import document
+from tilewise.results import plots as P
 from tilewise.results import tables as T
 from tilewise.results.kinds import Kind
 
@@ -243,7 +244,6 @@ def heatmap(path: Path, rows: list[str], cols: list[str], vals: list[list[float 
     """Initiator x target heatmap, cells not measured left blank and marked n/m."""
     import numpy as np
 
-    from tilewise.results import plots as P
 
     plt = P.pyplot()
     m = np.array([[np.nan if v is None else v for v in row] for row in vals], dtype=float)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tilewise.results import plots as P
 from tilewise.results.document import metric
 from tilewise.results.kinds import Kind
 from tilewise.results.tables import csv_text
@@ -96,7 +97,6 @@ def tensor_plots(doc: dict, out_dir: Path) -> list[Path]:
     rows = [r for r in doc.get("summary", {}).get("rows", []) if r.get("median_s") is not None]
     if not rows:
         return []
-    from tilewise.results import plots as P
 
     plt = P.pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
