@@ -8,15 +8,12 @@ unbound instance); 130 interrupted (everything `up` had started was stopped).
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 
-from tilewise import allocators, cpulist, engines, topology
-from tilewise.binding import ensure_runnable
+from tilewise import allocators, cpulist, engines
 from tilewise.cli.common import INDEX, SECONDS, console, emit_json, json_option, topology_option
-from tilewise.cli.engines import (EngineChoice, LazyHelpOption, coordinator_help, coordinator_mb, engine_summaries,
-                                  memory_help, memory_mb)
+from tilewise.cli.engines import EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, memory_help
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import TilewiseError, UsageError
 
@@ -87,40 +84,10 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
     from tilewise import cluster
 
-    cluster.check_name(name)
-    allocators.get(allocator)
-    spec = engines.get(engine)
-    if join and not spec.capabilities.join:
-        raise UsageError(f"{spec.name} workers cannot join a cluster on another host",
-                         f"use {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")
-    cls = spec.runtime_class()
-    if join:
-        join = cls.join_address(join)
-    per_mb = memory_mb(spec, worker_memory)
-    coord_mb = coordinator_mb(spec, coordinator_memory)
-    why = spec.missing()
-    if why:
-        raise TilewiseError(f"{spec.title} cannot run here: {why}")
-    t = topology.load(topology_src)
-    p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
-    ensure_runnable(p)
-    if per_mb:
-        memory = {i.id: per_mb for i in p.instances}
-    else:
-        memory = cls.default_memory_mb(p, {n.id: n.memory_bytes for n in t.numa_nodes})
-    err = console(stderr=True)
-    log = (lambda msg: err.print(f"tilewise: {msg}", markup=False)) if not as_json else None
-    dataset = None
-    if sf is not None:
-        from tilewise.benchmarks.tpch import data as tpch_data
-
-        dataset = tpch_data.dataset(sf, data_dir, log=log)
-    t0 = time.monotonic()
-    st = cluster.up(p, engine=spec.name, name=name, allocator=allocator, worker_memory_mb=memory, join=join,
-                    host=host, dataset=dataset, log=log, coordinator_mb=coord_mb)
-    doc = cluster.status(st)
-    doc["startup_s"] = round(time.monotonic() - t0, 2)
-    doc["connect"] = st.cluster().connect_hints(st)
+    cfg = cluster.Config(engine, lambda t: make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads,
+                                                     working_set, skewed),
+                         topology_src, name, allocator, worker_memory, coordinator_memory, host, sf, data_dir, join)
+    doc = cluster.start(cfg, None if as_json else _Log())
     if as_json:
         emit_json(doc)
         return
@@ -129,6 +96,14 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
     out.print(f"started in {doc['startup_s']:.1f} s; it keeps running until `tilewise down --name {name}`", markup=False)
     for line in doc["connect"]:
         out.print(line, markup=False)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.err = console(stderr=True)
+
+    def message(self, text: str) -> None:
+        self.err.print(f"tilewise: {text}", markup=False)
 
 
 def print_status(doc: dict) -> None:

@@ -64,26 +64,6 @@ def coordinator_help() -> str:
     return f"Memory of the coordinator, e.g. 2g ({knobs})."
 
 
-def memory_mb(spec, text: str | None, flag: str = "--worker-memory") -> int | None:
-    """A memory size for the engine's memory knob, checked against its minimum (None: not given)."""
-    if not text:
-        return None
-    knob = spec.capabilities.memory
-    if knob is None:
-        raise UsageError(f"{flag} sizes an engine's workers; {spec.name} has no memory setting", f"drop {flag}")
-    return knob.parse(text, flag)
-
-
-def coordinator_mb(spec, text: str | None) -> int | None:
-    if not text:
-        return None
-    knob = spec.capabilities.coordinator_memory
-    if knob is None:
-        owners = [s.title for s in engines.specs(lambda s: s.capabilities.coordinator_memory is not None)]
-        raise UsageError(f"--coordinator-memory sizes the {' / '.join(owners)} coordinator", f"drop it for {spec.name}")
-    return knob.parse(text, "--coordinator-memory")
-
-
 # ---- tilewise engines ... --------------------------------------------------------------------
 
 class _RichProgress:
