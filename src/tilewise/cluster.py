@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise import __version__, allocators, changes, dirs, engines, topology
-from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.binding import ensure_runnable
 from tilewise.engines import procgroup
 from tilewise.engines.contract import EngineSpec
@@ -195,8 +194,8 @@ class Config:
     worker_memory: str | None = None  # --worker-memory, e.g. "8g" (default: from each node's memory)
     coordinator_memory: str | None = None
     host: str | None = None
-    sf: str | None = None  # serve TPC-H at this scale factor (generated if needed)
-    data_dir: str | None = None
+    # the data set to serve, made (generated if needed) once everything else is checked: (log) -> Dataset
+    dataset: Callable[[Callable[[str], None] | None], object] | None = None
     join: str | None = None  # the coordinator on another host (`tilewise join`): start only workers
 
 
@@ -228,7 +227,7 @@ def start(cfg: Config, reporter: Reporter | None = None) -> dict:
     else:
         memory = cls.default_memory_mb(p, {n.id: n.memory_bytes for n in t.numa_nodes})
     log = reporter.message if reporter is not None else None
-    dataset = tpch_data.dataset(cfg.sf, cfg.data_dir, log=log) if cfg.sf is not None else None
+    dataset = cfg.dataset(log) if cfg.dataset is not None else None
     t0 = time.monotonic()
     st = up(p, engine=spec.name, name=cfg.name, allocator=cfg.allocator, worker_memory_mb=memory, join=join,
             host=cfg.host, dataset=dataset, log=log, coordinator_mb=coord_mb)

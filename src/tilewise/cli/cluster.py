@@ -84,9 +84,15 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
     from tilewise import cluster
 
+    def dataset(log):  # --sf: TPC-H, generated if needed
+        from tilewise.benchmarks.tpch import data as tpch_data
+
+        return tpch_data.dataset(sf, data_dir, log=log)
+
     cfg = cluster.Config(engine, lambda t: make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads,
                                                      working_set, skewed),
-                         topology_src, name, allocator, worker_memory, coordinator_memory, host, sf, data_dir, join)
+                         topology_src, name, allocator, worker_memory, coordinator_memory, host,
+                         dataset if sf is not None else None, join)
     doc = cluster.start(cfg, None if as_json else _Log())
     if as_json:
         emit_json(doc)

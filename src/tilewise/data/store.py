@@ -123,7 +123,6 @@ def run_with_size_progress(cmd: list[str], out_dir: Path, *, task: str, expected
     Raises TilewiseError with the tail of its stderr when it fails; kills it on any exception."""
     import subprocess
 
-
     proc = launch.spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)

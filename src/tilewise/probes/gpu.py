@@ -29,7 +29,6 @@ from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.launch import Supervisor
 from tilewise.results import model
-from tilewise.results.kinds import gpu as gpu_kind
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORY = ("pinned", "pageable")
@@ -159,7 +158,6 @@ def run(cfg: Config, reporter=None, *, writer: Callable[[dict], None] | None = N
 
         run_cases(t, gpus, cfg.size, cfg.reps, nodes, cfg.timeout, on_case=on_case)
         doc["summary"] = summarize(doc["cases"])
-        doc["metrics"] = gpu_kind.metrics(doc)
         model.finish(doc, complete=all("gbs" in c for c in doc["cases"]))
     except BaseException as e:
         model.stopped(doc, e)

@@ -18,7 +18,6 @@ from tilewise import devices
 from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model
-from tilewise.results.kinds import tensor as tensor_kind
 from tilewise.results.output import Writer
 from tilewise.tensor import DESCRIPTIONS
 from tilewise.tensor import run as tr
@@ -136,7 +135,6 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
                 "os_switches": {k: v.to_json() for k, v in run_state.items()},
                 "os_changed": [c.to_json() for c in changes], "os_restored": bool(changes)})
     doc["params"]["resolved"] = p.resolved()
-    doc["metrics"] = tensor_kind.metrics(doc)
     wrong = tr.wrong_answers(doc)
     model.finish(doc, complete=not wrong)
     writer.write(doc)

@@ -10,7 +10,7 @@ import os
 
 from tilewise import cpulist
 from tilewise.errors import UsageError
-from tilewise.topology import hwloc_xml, synthetic, sysfs
+from tilewise.topology import sysfs
 from tilewise.topology.model import Core, L3Domain, NumaNode, Package, Topology
 
 __all__ = ["Core", "L3Domain", "NumaNode", "Package", "Topology", "load", "is_live", "allowed_nodes"]
@@ -24,6 +24,8 @@ def load(src: str | os.PathLike | None = None) -> Topology:
                          "or leave --topology out for this machine")
     s = str(src)
     if s.startswith("synthetic:"):
+        from tilewise.topology import synthetic  # decimal: only for this source
+
         return synthetic.load(s[len("synthetic:"):])
     if s.startswith("sysfs:"):
         return sysfs.load(s[len("sysfs:"):])
@@ -36,6 +38,8 @@ def load(src: str | os.PathLike | None = None) -> Topology:
             f"topology source {s!r} is not a file",
             "give an hwloc XML file, sysfs:<dir>, or synthetic:<description>",
         )
+    from tilewise.topology import hwloc_xml  # an XML parser: only for this source
+
     return hwloc_xml.load(s)
 
 
