@@ -21,24 +21,29 @@ def probe() -> None:
     """Core-to-core latency and bandwidth, STREAM per deployment layout, GPU copy bandwidth per node (measured here)."""
 
 
-def _progress(label: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    console=console(stderr=True), transient=True)
-
-
 class _Reporter:
-    """A probe's messages and progress bar on stderr (the probes' Reporter: start/advance; memory:
-    start/cell/partial)."""
+    """A probe's messages and progress bar on stderr, the bar shown from the first measurement (a
+    refusal before it stays one line). The probes' Reporter: start/advance; memory's: start/cell/partial."""
 
-    def __init__(self, prog, label: str) -> None:
-        self.prog, self.label, self.task = prog, label, None
+    def __init__(self, label: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.label, self.task = label, None
+        self.prog = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                             console=console(stderr=True), transient=True)
+
+    def __enter__(self) -> _Reporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.task is not None:
+            self.prog.stop()
 
     def message(self, text: str) -> None:
         self.prog.console.print(text, markup=False)
 
     def start(self, total: int) -> None:
+        self.prog.start()
         self.task = self.prog.add_task(self.label, total=total)
 
     def advance(self) -> None:
@@ -58,8 +63,8 @@ def _pair_probe(kind: str, topology_src, cpus_text, full, as_json, out_dir, para
     from tilewise.results.output import Writer
 
     out = Writer(out_dir, name=f"{kind}.json") if out_dir else Writer(None)
-    with _progress(kind) as prog:
-        doc = matrix.run(matrix.Config(params, topology_src, cpus_text, full), _Reporter(prog, kind), writer=out.write)
+    with _Reporter(kind) as rep:
+        doc = matrix.run(matrix.Config(params, topology_src, cpus_text, full), rep, writer=out.write)
     _show(doc, out, as_json)
 
 
@@ -138,8 +143,8 @@ def stream(topology_src, cpus_text, policies, sizes_text, ntimes, runs, smt, com
             raise UsageError(f"--sizes {sizes_text!r}: give sizes of at least 4KiB")
     cfg = st.Config(topology_src, cpus_text, policies, sizes, ntimes, runs, smt, compare_likwid)
     out = Writer(out_dir, name="stream.json", plots=False) if out_dir else Writer(None)
-    with _progress("stream") as prog:
-        doc = st.run(cfg, _Reporter(prog, "stream"), writer=out.write)
+    with _Reporter("stream") as rep:
+        doc = st.run(cfg, rep, writer=out.write)
     out.write(doc, plots=True)
     _show(doc, out, as_json)
 
@@ -176,8 +181,8 @@ def memory_cmd(topology_src, initiators, cpus_text, targets, threads, size_text,
                         threads=threads, size=size, tests=memory.parse_tests(tests_text), reps=reps, min_ms=min_ms,
                         hugepages=not no_hugepages, smt=smt, compare=compare)
     out = Writer(out_dir, name="memory.json", plots=False) if out_dir else Writer(None)
-    with _progress("memory") as prog:
-        doc = memory.run(cfg, _Reporter(prog, "memory"), writer=out.write)
+    with _Reporter("memory") as rep:
+        doc = memory.run(cfg, rep, writer=out.write)
     out.write(doc, plots=True)
     _show(doc, out, as_json)
 
