@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from tilewise import engines
-from tilewise.cli.common import AT_LEAST_1, PERCENT, SECONDS, SEED, console, emit_json, json_option, topology_option
+from tilewise.cli.common import (AT_LEAST_1, PERCENT, SECONDS, SEED, Messages, console, emit_json, json_option,
+                                 topology_option)
 from tilewise.cli.engines import EngineChoice
 
 
@@ -48,7 +49,7 @@ def bench_elastic(engine, sf, clients, duration, workloads, configs, interval, t
 
     cfg = ex.Config(engine, sf, clients, duration, workloads, configs, interval, th_min, th_max, data_dir, out_dir,
                     seed, not no_plot, topology_src)
-    doc = ex.run(cfg, _Reporter(as_json))
+    doc = ex.run(cfg, Messages(quiet=as_json))
     if as_json:
         emit_json({k: v for k, v in doc.items() if k != "cases"} |
                   {"cases": [{k: v for k, v in c.items() if k != "raw"} for c in doc["cases"]]})
@@ -58,12 +59,3 @@ def bench_elastic(engine, sf, clients, duration, workloads, configs, interval, t
     report.render(doc, c)
     c.print(f"results: {out / 'results.json'}" + (f", plot: {doc['plots'][0]}" if doc.get("plots") else "")
             + f", daemon logs: {out / 'logs'}", markup=False)
-
-
-class _Reporter:
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-
-    def message(self, text: str) -> None:
-        if not self.as_json:
-            console(stderr=True).print(text, markup=False)

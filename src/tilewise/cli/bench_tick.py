@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from tilewise.cli.common import AT_LEAST_1, SECONDS, Number, conflicts, console, emit_json, json_option, topology_option
+from tilewise.cli.common import (AT_LEAST_1, SECONDS, Messages, Number, conflicts, console, emit_json, json_option,
+                                 topology_option)
+
 
 @click.command("elastic-tick")
 @click.option("--proc", "proc_kind", type=click.Choice(["synthetic", "real"]), default="synthetic", show_default=True,
@@ -43,19 +45,10 @@ def bench_tick(proc_kind, topology_src, mode_list, threads, processes, ticks, ma
         conflicts("--proc synthetic", ("duration", "busy", "enforce"), "--duration, --busy and --enforce are for --proc real")
     cfg = tb.Config(proc_kind, topology_src, mode_list, threads, processes, ticks, mappings, duration, busy, enforce,
                     interval, pages_interval, out_dir)
-    doc = tb.run(cfg, _Reporter(as_json))
+    doc = tb.run(cfg, Messages(quiet=as_json))
     if as_json:
         emit_json(doc)
         return
     c = console()
     c.width = max(c.width, 120)
     report.render(doc, c)
-
-
-class _Reporter:
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-
-    def message(self, text: str) -> None:
-        if not self.as_json:
-            console(stderr=True).print(text, markup=False)

@@ -12,7 +12,7 @@ import sys
 import click
 
 from tilewise import allocators, cpulist, engines
-from tilewise.cli.common import INDEX, SECONDS, console, emit_json, json_option, topology_option
+from tilewise.cli.common import INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
 from tilewise.cli.engines import EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, memory_help
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import TilewiseError, UsageError
@@ -93,7 +93,7 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
                                                      working_set, skewed),
                          topology_src, name, allocator, worker_memory, coordinator_memory, host,
                          dataset if sf is not None else None, join)
-    doc = cluster.start(cfg, None if as_json else _Log())
+    doc = cluster.start(cfg, None if as_json else Messages(prefix="tilewise: "))
     if as_json:
         emit_json(doc)
         return
@@ -102,14 +102,6 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
     out.print(f"started in {doc['startup_s']:.1f} s; it keeps running until `tilewise down --name {name}`", markup=False)
     for line in doc["connect"]:
         out.print(line, markup=False)
-
-
-class _Log:
-    def __init__(self) -> None:
-        self.err = console(stderr=True)
-
-    def message(self, text: str) -> None:
-        self.err.print(f"tilewise: {text}", markup=False)
 
 
 def print_status(doc: dict) -> None:

@@ -157,7 +157,7 @@ def list_cmd(as_json):
 @click.option("--keep-tarball", is_flag=True, help="Keep the downloaded archive beside the unpacked server.")
 @json_option
 def install_cmd(name, ver, keep_tarball, as_json):
-    """Download and unpack an engine into the user cache (checked, resumable; --version says how much)."""
+    """Download and unpack an engine that is not a pip package into the user cache (checked, resumable)."""
     spec = _installable(name)
     doc = spec.install(ver, _RichProgress(quiet=as_json), keep_tarball)
     if as_json:

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from tilewise import allocators
-from tilewise.cli.common import (AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, conflicts, console, emit_json, explicit,
-                                 json_option, topology_option)
+from tilewise.cli.common import (AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, Messages, conflicts, console, emit_json,
+                                 explicit, json_option, topology_option)
 from tilewise.cli.workload_tensor import TENSOR_OPTIONS, tensor_options
 from tilewise.errors import UsageError
 
@@ -120,7 +120,7 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
         raise UsageError(f"unknown workload {name!r}", f"choose one of {', '.join(WORKLOAD_NAMES)}") from None
     p = make_params(w, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale)
     cfg = session.Config(w, p, k, timeout=timeout, out=out_dir, topology_src=topology_src)
-    rep = Notes(as_json)
+    rep = Messages(quiet=as_json)
     if dry_run:
         return show_dry_run(session.describe(cfg, rep), as_json)
     doc = session.run(cfg, rep)
@@ -129,17 +129,6 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
     report.render(doc, console(wide=True))
     if out_dir:
         console().print(f"wrote {Path(out_dir) / 'results.json'}", markup=False)
-
-
-class Notes:
-    """The use case's notes on stderr (none with --json)."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-
-    def message(self, text: str) -> None:
-        if not self.as_json:
-            console(stderr=True).print(text, markup=False)
 
 
 def show_dry_run(doc: dict, as_json: bool) -> None:

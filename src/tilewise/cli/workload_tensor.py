@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from tilewise.cli.common import AT_LEAST_1, INDEX, NON_NEGATIVE, Number, conflicts, console, emit_json, parse_size
+from tilewise.cli.common import (AT_LEAST_1, INDEX, NON_NEGATIVE, Messages, Number, conflicts, console, emit_json,
+                                 parse_size)
 from tilewise.errors import UsageError
 
 TENSOR_OPTIONS = ("device", "rename", "bincount_memory", "scale", "iterations", "tolerance", "damping", "dtype",
@@ -70,13 +71,10 @@ def make_params(w, dataset, records, groups, zipf_exponent, ratio, threads, seed
     return p
 
 
-class _Reporter:
+class _Reporter(Messages):
     def __init__(self, as_json: bool, out_dir: str | None) -> None:
+        super().__init__(quiet=as_json)
         self.as_json, self.out_dir = as_json, out_dir
-
-    def message(self, text: str) -> None:
-        if not self.as_json:
-            console(stderr=True).print(text, markup=False)
 
     def done(self, doc: dict) -> None:
         from tilewise.results import report
