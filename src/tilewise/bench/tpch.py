@@ -38,7 +38,7 @@ from tilewise import plan as planner
 from tilewise.bench import far_memory, validate
 from tilewise.bench.validate import RULES, NoReference
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
-from tilewise.binding import ensure_runnable, set_interleave_weights
+from tilewise.binding import admit_weights, ensure_runnable, set_interleave_weights
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.engines.contract import EngineSpec, Query
 from tilewise.environment import system_check
@@ -217,6 +217,8 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
     live_fp = topology.load(None).fingerprint() if cfg.topology_src else None
     for _, p in plans:
         ensure_runnable(p, live_fp)
+    # the global weighted-interleave weights of every deployment: refused now, not after the first ran
+    admit_weights(sorted({(n, w) for _, p in plans for i in p.instances for n, w in i.weights.items()}))
     return engine, topo, plans
 
 
