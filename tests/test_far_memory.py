@@ -182,7 +182,7 @@ def test_workload_study_bad_input_and_no_far_tier(cli, tmp_path):
     assert cp.returncode == 1 and cp.stderr.startswith("Error: no far memory tier for W2 in win") and "nothing was run" in cp.stderr
     assert cp.stderr.count("\n") == 1 and not out.exists()
     for args, msg in ((["T1", "--mem-variants", "near"], "--mem-variants applies to the workloads W1-W4, not T1"),
-                      (["W2", "--mem-variants", "near", "--mem", "local"], "--mem-variants and --mem cannot be combined"),
+                      (["W2", "--mem-variants", "near", "--mem", "local"], "--mem-variants cannot be combined with --mem"),
                       (["W2", "--mem-variants", "near,faraway"], "--mem-variants: unknown variant faraway"),
                       (["W2", "--runs", "2"], "--runs applies to the tensor workloads")):
         cp = cli("workload", *args)

@@ -181,14 +181,16 @@ def test_result_kind_matrix_metrics_csv_and_heatmaps(tmp_path):
     missing = {"initiator": "node 0", "target": 1, "threads": [1, 2], "status": "not_measured",
                "reason": "40 of 100 pages are not on node 1"}
     d = doc_of([measured_cell(0), missing])
-    inits, targets, vals = K.grid(d, "read_seq")
+    t = K.KIND.view(d)  # the kind's typed document
+    assert t.to_json() == d
+    inits, targets, vals = K.grid(t, "read_seq")
     assert (inits, targets, vals) == (["node 0"], [0, 1], [[18.0, None]])  # best over thread counts; n/m stays None
-    assert K.grid(d, "latency")[2] == [[120.5, None]]
-    names = {m["name"]: m for m in K.metrics(d)}
+    assert K.grid(t, "latency")[2] == [[120.5, None]]
+    names = {m["name"]: m for m in K.metrics(t)}
     assert names["node 0->node 0/read_seq/2"]["values"] == [17.0, 18.0, 18.5]
     assert names["node 0->node 0/latency/1"]["better"] == "lower"
     assert not any("node 1" in n for n in names)
-    csv = K.csv_files(d)["memory.csv"].splitlines()
+    csv = K.csv_files(t)["memory.csv"].splitlines()
     assert csv[0].startswith("initiator,target,status") and any("not_measured" in ln and "40 of 100" in ln for ln in csv)
     from rich.console import Console
 
@@ -196,7 +198,7 @@ def test_result_kind_matrix_metrics_csv_and_heatmaps(tmp_path):
     report.render(d, con)
     text = con.export_text()
     assert "n/m" in text and "18.00" in text and "not_measured" in text
-    paths = K.plots(d, tmp_path)
+    paths = K.plots(t, tmp_path)
     assert sorted(p.name for p in paths) == ["memory_latency.png", "memory_read_seq.png"]  # write_nt unsupported: none
     assert all(p.stat().st_size > 1000 for p in paths)
 
@@ -207,9 +209,9 @@ def test_emulated_documents_say_so_everywhere():
     from rich.console import Console
 
     con = Console(record=True, width=160)
-    K.render(d, con)
+    K.render(K.KIND.view(d), con)
     assert "EMULATED" in con.export_text()
-    paths = {m["name"] for m in K.metrics(d)}
+    paths = {m["name"] for m in K.metrics(K.KIND.view(d))}
     assert paths  # the figures are kept (raw), marked in the document
     assert M.measured_paths(d)[(0, 0)]["trusted"] is False
 

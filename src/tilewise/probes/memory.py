@@ -28,7 +28,7 @@ from tilewise.errors import TilewiseError, UsageError
 from tilewise.probes import matrix as pair_probes
 from tilewise.probes.stream import likwid_gbs, reference_tool
 from tilewise.results import model
-from tilewise.results.kinds.memory import TESTS, best
+from tilewise.results.kinds.memory import TESTS, MemoryDoc, best
 from tilewise.topology import firmware as fw
 from tilewise.topology import tiers
 from tilewise.topology.model import Topology
@@ -314,15 +314,14 @@ def measured_paths(doc: dict) -> dict[tuple[int, int], dict]:
     """The figures topology.tiers takes, per (initiator node, target node): idle latency and the
     best sequential read bandwidth; untrusted (with the reason) when measured under an emulator."""
     out: dict[tuple[int, int], dict] = {}
-    nodes = {i["name"]: i.get("node") for i in doc.get("initiators", [])}
-    why = doc.get("emulated")
-    for c in doc.get("cells", []):
-        node = nodes.get(c["initiator"])
-        if node is None or c.get("status") != "measured":
+    v = MemoryDoc.from_json(doc, "probe.memory document")
+    nodes = {i.name: i.node for i in v.initiators}
+    for c in v.measured():
+        node = nodes.get(c.initiator)
+        if node is None:
             continue
-        out[(node, c["target"])] = {"latency_ns": best(c, "latency")[0],
-                                    "read_bw_gbs": best(c, "read_seq")[0],
-                                    "trusted": why is None, "why_untrusted": why}
+        out[(node, c.target)] = {"latency_ns": best(c, "latency")[0], "read_bw_gbs": best(c, "read_seq")[0],
+                                 "trusted": v.emulated is None, "why_untrusted": v.emulated}
     return out
 
 

@@ -24,7 +24,7 @@ from tilewise.binding import Binding, admit_weights, check_binding, ensure_mem_p
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance
 from tilewise.probes.memory import emulation
-from tilewise.results import document, model
+from tilewise.results import model
 from tilewise.topology.model import Topology
 from tilewise.tune import knobs
 from tilewise.tune import workloads as wl
@@ -86,12 +86,6 @@ def same_answer(runs: dict[str, list[dict]]) -> list[str]:
     return [f"{v} run {k + 1}: {', '.join(f'{x} {r.get(x)}' for x in key)} (near: "
             f"{', '.join(f'{x} {ref.get(x)}' for x in key)})"
             for v, rs in runs.items() for k, r in enumerate(rs) if any(r.get(x) != ref.get(x) for x in key)]
-
-
-def metrics(doc: dict) -> list[dict]:
-    w = doc.get("workload", "W")
-    return [document.metric(f"{w}/{v}/time", rec.get("times_s", []), unit="s", workload=w, variant=v)
-            for v, rec in (doc.get("variants") or {}).items() if rec.get("times_s")]
 
 
 def _emulated() -> str | None:
@@ -158,7 +152,7 @@ def run(cfg: Config, t: Topology, reporter: Reporter | None = None, *,
         write(doc)
         raise
     doc["wrong_answers"] = same_answer({n: x["runs"] for n, x in doc["variants"].items()})
-    doc["metrics"] = metrics(doc)
+    model.with_metrics(doc)  # the kind derives them from the body
     model.finish(doc, complete=not doc["wrong_answers"])
     write(doc)
     if doc["wrong_answers"]:

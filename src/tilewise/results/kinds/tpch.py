@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from tilewise import benchmarks
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import document, stats
+from tilewise.results import plots as P
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -29,8 +31,6 @@ FIGURES = (("power_at_size", "Power@Size"), ("throughput_at_size", "Throughput@S
 
 def benchmark_spec(name: str):
     """The benchmark's spec from the registry; None when this tilewise does not have it."""
-    from tilewise import benchmarks
-
     try:
         return benchmarks.get(name)
     except TilewiseError:
@@ -450,8 +450,6 @@ def speedup(base: Sequence[float], other: Sequence[float]) -> dict | None:
 
 
 def plots(doc: TpchDoc, out_dir: Path) -> list[Path]:
-    from tilewise.results import plots as P
-
     ran = _ran(doc)
     if not ran:
         return []
@@ -514,8 +512,6 @@ def _ran(doc: TpchDoc) -> list[str]:
 
 
 def _order(name: str) -> tuple[int, str]:
-    from tilewise import benchmarks
-
     known = benchmarks.names()
     return (known.index(name) if name in known else len(known), name)
 
@@ -586,8 +582,6 @@ class BenchmarkComparison:
         out.print(t)
 
     def plot(self, out_dir: Path) -> Path:
-        from tilewise.results import plots as P
-
         cmp = self.data
         series = {f"{pol} {title}": v[k] + [v[f"{k}_geomean"]] for pol, v in cmp["policies"].items()
                   for k, title in zip(self.names, self.titles)}
