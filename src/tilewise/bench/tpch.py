@@ -199,6 +199,9 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
         raise UsageError(f"--runs must be >= 1, got {cfg.runs}")
     cfg.tests = parse_tests(cfg.tests)
     engine = engine or engines.get(cfg.engine)
+    why = engine.missing()
+    if why:  # before any data is generated or a server started: what to install
+        raise TilewiseError(f"{engine.title} cannot run here: {why}")
     if cfg.worker_memory:
         if engine.capabilities.memory is None:
             raise UsageError(f"--worker-memory sizes an engine's workers; {engine.name} has no memory setting",
@@ -605,6 +608,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
             if timed:
                 doc["completed"]["queries"][label] = [q for q, v in rec["queries"].items() if v.get("times_s")]
             writer.write(doc)  # after every run: a late failure loses nothing
+        _peak_memory(engine, rec)
         rec["complete"] = True
         doc["completed"]["policies"].append(label)
     except BaseException as e:
@@ -848,5 +852,19 @@ def _instances(engine, p) -> list[dict]:
         for k in ("load_s", "threads", "memory_mb"):
             if info.get(k) is not None:
                 d[k] = info[k]
+        for k, name in (("rss_mb", "rss_loaded_mb"), ("rss_anon_mb", "rss_anon_loaded_mb")):
+            if info.get(k) is not None:
+                d[name] = info[k]  # resident memory once the data set is loaded (all of it; anonymous)
         out.append(d)
     return out
+
+
+def _peak_memory(engine, rec: dict) -> None:
+    """Each instance's peak resident memory after the runs (where the engine reports it)."""
+    for d in rec.get("instances", []):
+        try:
+            peak = (engine.info(d["id"]) or {}).get("peak_rss_mb")
+        except Exception:  # noqa: BLE001 - recorded when the engine gives it
+            peak = None
+        if peak is not None:
+            d["rss_peak_mb"] = peak
