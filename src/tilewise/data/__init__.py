@@ -58,7 +58,8 @@ class Dataset:
     def label(self) -> str:
         seed = f", seed {self.seed}" if self.seed is not None else ""
         layout = f", layout {self.layout}" if self.layout else ""
-        return f"{self.title or self.benchmark.upper()} SF {self.sf:g}{seed}{layout}"
+        sf = f" SF {self.sf:g}" if self.sf else ""  # data of no benchmark has no scale factor
+        return f"{self.title or self.benchmark.upper()}{sf}{seed}{layout}"
 
     def parquet_bytes(self) -> int:
         """Bytes of the tables' files on disk (their Parquet, or the layout's files whatever their format)."""

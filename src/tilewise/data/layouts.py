@@ -155,8 +155,10 @@ def sort_table(spec: LayoutSpec, sources: dict[str, TableSource]) -> str | None:
         return None
     owners = [t for t, s in sources.items() if spec.sort in s.names]
     if not owners:
+        import difflib
+
         cols = sorted({c for s in sources.values() for c in s.names})
-        near = [c for c in cols if spec.sort.lower() in c.lower() or c.lower() in spec.sort.lower()][:5]
+        near = difflib.get_close_matches(spec.sort, cols, n=5, cutoff=0.6)
         raise UsageError(f"layout {spec.name}: no table has a column {spec.sort!r}",
                          f"columns like it: {', '.join(near)}" if near else f"{len(cols)} columns exist, e.g. "
                          + ", ".join(cols[:6]))

@@ -80,6 +80,7 @@ REGISTRY = Registry("results kind", "tilewise.results", {
     "overhead": f"{_K}.overhead",
     "workload.tensor": f"{_K}.tensor",
     "probe.gpu": f"{_K}.gpu",
+    "layout": f"{_K}.layout",
 }, attr="KIND")
 
 

@@ -1,0 +1,110 @@
+"""Measuring one query on one layout: its time, the bytes its deployment read from storage, and the
+CPU-seconds it spent (the local analogue of the thesis's cost: query services bill the bytes scanned,
+a machine pays in CPU time and I/O).
+
+- **time**: the engine's own time for the query (QueryResult.elapsed_s).
+- **bytes read**: the difference of ``read_bytes`` in /proc/<pid>/io, summed over the deployment's
+  processes (servers, workers, executors: Runtime.processes()): what the block layer read for them.
+  It means "from storage" only when the files are not in the page cache, so before every run the
+  page cache is dropped: per file with posix_fadvise(POSIX_FADV_DONTNEED) over every file of the
+  layout (``files``: any user may, and nothing else on the machine is disturbed), or system-wide
+  (``system``: sync, then 1 > /proc/sys/vm/drop_caches; root only, and every other process loses
+  its cache too), or not at all (``none``: a warm cache, bytes read then near zero; ``rchar``, the
+  bytes the processes asked for, still says how much they read). Results say which.
+- **CPU-seconds**: the difference of utime + stime (/proc/<pid>/stat) over the same processes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from tilewise.errors import UsageError
+
+DROPS = ("files", "system", "none")
+DESCRIBE = {
+    "files": "page cache dropped before every run, per file of the layout (posix_fadvise DONTNEED)",
+    "system": "page cache dropped before every run, system-wide (sync; /proc/sys/vm/drop_caches)",
+    "none": "warm page cache (not dropped): bytes read from storage are near zero, bytes requested still count",
+}
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def check_drop(mode: str, *, euid: int | None = None) -> str:
+    if mode not in DROPS:
+        raise UsageError(f"unknown --drop {mode!r}", f"use one of {', '.join(DROPS)}")
+    if mode == "system" and (os.geteuid() if euid is None else euid) != 0:
+        raise UsageError("--drop system writes /proc/sys/vm/drop_caches, which needs root",
+                         "run as root, or use --drop files (per file, any user)")
+    return mode
+
+
+def drop_cache(files, mode: str) -> None:
+    """Evict the files' pages (mode files) or the whole page cache (mode system) before a run."""
+    if mode == "files":
+        for f in files:
+            try:
+                fd = os.open(f, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    elif mode == "system":
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+
+
+@dataclass(frozen=True)
+class Counters:
+    read_bytes: int = 0
+    rchar: int = 0
+    cpu_ticks: int = 0
+    readable: bool = True  # every process's counters could be read
+
+    def __sub__(self, o: Counters) -> Counters:
+        return Counters(self.read_bytes - o.read_bytes, self.rchar - o.rchar, self.cpu_ticks - o.cpu_ticks,
+                        self.readable and o.readable)
+
+
+def counters(pids, proc: str = "/proc") -> Counters:
+    """Summed I/O and CPU counters of the processes (a process that is gone counts nothing)."""
+    rb = rc = ticks = 0
+    ok = True
+    for pid in pids:
+        try:
+            with open(f"{proc}/{pid}/io") as f:
+                io = {k: int(v) for k, v in (ln.split(":") for ln in f if ":" in ln)}
+            with open(f"{proc}/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        except (PermissionError, ValueError):
+            ok = False
+            continue
+        rb += io.get("read_bytes", 0)
+        rc += io.get("rchar", 0)
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return Counters(rb, rc, ticks, ok)
+
+
+@dataclass
+class Sample:
+    time_s: float
+    bytes_read: int
+    bytes_requested: int
+    cpu_s: float
+
+
+def run(runtime, sql: str, *, files, drop: str, timeout_s: float | None = None):
+    """One measured run: drop the cache, read the counters, run, read them again.
+    Returns (QueryResult, Sample)."""
+    drop_cache(files, drop)
+    pids = runtime.processes()
+    before = counters(pids)
+    r = runtime.run_query(sql, timeout_s=timeout_s)
+    after = counters(runtime.processes())
+    d = after - before
+    return r, Sample(r.elapsed_s, max(0, d.read_bytes), max(0, d.rchar), max(0, d.cpu_ticks) / CLK_TCK)
