@@ -163,3 +163,32 @@ def test_data_layout_measures_recommends_and_applies_with_every_answer_checked(t
     assert applied.is_file() and json.loads(applied.read_text())["layout"] == rec["layout"]
     cp = run_cli("report", str(out), env={"COLUMNS": "200"})
     assert cp.returncode == 0 and "recommendation: " + rec["layout"] in cp.stdout
+    # the applied layout, read by the benchmark harness in place: every answer checked against the Parquet set's
+    cp = run_cli("bench", "tpch", "--sf", "0.01", "--data-dir", str(tmp_path / "data"), "--queries", "1,6",
+                 "--policies", "wim", "--runs", "1", "--tests", "power", "--no-plots", "--layout", rec["layout"],
+                 "--layout-dir", str(applied.parent.parent), "--out", str(tmp_path / "bench"), "--json", timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    bench = json.loads(cp.stdout)
+    assert bench["layout"]["name"] == rec["layout"] and bench["params"]["dataset"].get("layout") is None
+    assert all(q["valid"] is True for q in bench["policies"]["wim"]["queries"].values())
+    assert "read in place" in bench["refresh"]["reason"]
+
+
+def test_spark_splits_files_into_tasks_and_row_groups_by_midpoint():
+    from tilewise.engines import splits
+
+    def f(nbytes, groups):  # groups of equal size, one after the other
+        size = nbytes // groups
+        return {"bytes": nbytes, "row_groups": [{"offset": 4 + i * size, "compressed": size, "rows": 1000}
+                                                for i in range(groups)]}
+
+    mb = 1 << 20
+    one = splits.per_tile([f(400 * mb, 1)], tiles=2, cores=8, rule=splits.SPARK)
+    # one file of one row group: split in 50 MB ranges, but only the split holding the midpoint reads it
+    assert sum(t["row_groups"] for t in one) == 1 and max(t["tasks"] for t in one) == 4
+    eight = splits.per_tile([f(50 * mb, 4) for _ in range(8)], tiles=2, cores=8, rule=splits.SPARK)
+    assert [t["files"] for t in eight] == [4, 4] and [t["row_groups"] for t in eight] == [16, 16]
+    small = splits.per_tile([f(mb, 1) for _ in range(4)], tiles=2, cores=2, rule=splits.SPARK)
+    assert [t["tasks"] for t in small] == [1, 1] and [t["files"] for t in small] == [2, 2]  # packed: open cost
+    trino = splits.per_tile([f(100 * mb, 10)], tiles=2, cores=8, rule=splits.TRINO)
+    assert sum(t["tasks"] for t in trino) == 4 and sum(t["row_groups"] for t in trino) == 10  # 32 MB initial splits

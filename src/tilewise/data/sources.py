@@ -187,3 +187,14 @@ def row_groups(source: TableSource) -> list[list[dict]]:
                            "offset": start})
         out.append(groups)
     return out
+
+
+def scan_files(source: TableSource) -> list[dict]:
+    """What a scan planner sees of a Parquet source: per file its bytes and row groups (offset,
+    compressed bytes, rows), for engines.splits."""
+    out = []
+    for f, groups in zip(source.files, row_groups(source)):
+        out.append({"bytes": os.stat(f).st_size,
+                    "row_groups": [{"offset": g["offset"], "compressed": g["compressed"], "rows": g["rows"]}
+                                   for g in groups]})
+    return out

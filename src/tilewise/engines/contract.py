@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from tilewise.engines.memory import MemoryKnob
+from tilewise.engines.splits import SplitRule
 from tilewise.errors import TilewiseError, UsageError
 
 if TYPE_CHECKING:  # only for annotations: the contract imports no engine and no data module
@@ -78,6 +79,9 @@ class EngineSpec:
     # rewrite a benchmark query's text into the engine's dialect (None: it runs the text as written)
     dialect: Callable[[str, Query], str] | None = None
     endpoint_label: str = "at"  # how `status` names its endpoint: "master", "coordinator", "sockets in"
+    # how it splits a scan of Parquet files over its tiles (engines.splits; None: a query runs on one
+    # instance, or the engine does not say): `bench --layout` predicts each tile's files and row groups
+    scan_split: SplitRule | None = None
 
     def runtime_class(self) -> type[Runtime]:
         module, _, attr = self.runtime.partition(":")

@@ -122,8 +122,8 @@ def recommend(layouts: list[dict], *, baseline: str, expected_runs: float | None
         reasons.append(f"{pick['name']} has the lowest time {what}: {figure(pick, expected_runs):.3f} s")
     else:
         reasons.append(f"{pick['name']} is as fast as the fastest, {best['name']} ({figure(pick, expected_runs):.3f} s "
-                       f"vs {bf:.3f} s {what}: within {same * 100:.0f} % or within the noise of the runs), and cheaper "
-                       f"to make and keep ({_describe_cost(pick)} vs {_describe_cost(best)})")
+                       f"vs {bf:.3f} s {what}: within {same * 100:.0f} % or within the noise of the runs), and simpler "
+                       f"to make and keep: {_simpler(pick, best)}")
     base = next((e for e in measured if e["name"] == baseline), None)
     if base is not None and pick is not base:
         bw, pw = workload_s(base), workload_s(pick)
@@ -146,12 +146,16 @@ def recommend(layouts: list[dict], *, baseline: str, expected_runs: float | None
         measured, key=lambda e: (figure(e, expected_runs), _simplicity(e)))])
 
 
-def _describe_cost(e: dict) -> str:
-    spec = e.get("spec") or {}
-    parts = [f"{_cost(e):.2f} s to make"]
-    if (spec.get("copies") or 1) > 1:
-        parts.append("two copies")
-    return ", ".join(parts)
+def _simpler(pick: dict, best: dict) -> str:
+    """What makes pick simpler than best, by the order of _simplicity."""
+    a, b = _simplicity(pick), _simplicity(best)
+    if a[0] < b[0]:
+        return f"{a[0]} cop{'y' if a[0] == 1 else 'ies'} of the data instead of {b[0]}"
+    if a[1] < b[1]:
+        return "no sort"
+    if a[2] < b[2]:
+        return f"{a[2]:.2f} s to make instead of {b[2]:.2f} s"
+    return f"{a[3] / 1e6:.2f} MB written instead of {b[3] / 1e6:.2f} MB"
 
 
 def _sorting_notes(layouts: list[dict]) -> list[str]:

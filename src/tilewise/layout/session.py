@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise import benchmarks, engines, topology
+from tilewise.bench import sqlshape, validate
 from tilewise.data import Dataset, raw
 from tilewise.data import layouts as L
 from tilewise.errors import TilewiseError, UsageError
@@ -210,8 +211,6 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
         made[s.name] = store.realize(srcs, s, hooks)
     ctx = _Ctx(cfg, rep, srcs, asis, statements, columns)
     if canonical is not None and cfg.validate:
-        from tilewise.bench import validate
-
         ctx.reference = validate.Reference(canonical)
     entries: dict[str, dict] = {}
     try:
@@ -351,7 +350,7 @@ def _two_copies(ctx: _Ctx, s: L.LayoutSpec, why: str, ls: L.LayoutSet, entries: 
     table = L.sort_table(s, ctx.sources)
     queries = {}
     for st in ctx.statements:
-        use_sorted = W.filters_on(st, table, s.sort, ctx.columns)
+        use_sorted = W.filters_on(st.sql, table, s.sort, ctx.columns)
         q = dict((srt if use_sorted else plain)["queries"][st.key])
         q["copy"] = "sorted" if use_sorted else "original"
         queries[st.key] = q
@@ -365,8 +364,6 @@ def _check(ctx: _Ctx, st: W.Statement, layout: str, r) -> bool | None:
     against the answer on the data as it is. A wrong one is recorded (and fails the command)."""
     if not ctx.cfg.validate:
         return None
-    from tilewise.bench import sqlshape, validate
-
     if ctx.reference is not None and st.query is not None:
         spec = benchmarks.get(ctx.cfg.benchmark)
         try:

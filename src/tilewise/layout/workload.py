@@ -5,10 +5,8 @@ SQL (``--sql FILE``: statements separated by ``;``, ``--`` comments allowed). A 
 parse is an error naming the file, the statement and its line; a statement naming a table the data
 set does not have is one too, before anything is measured.
 
-Predicates (parsed with sqlglot): a comparison of a column with a constant (``=``, ``<``, ``<=``,
-``>``, ``>=``, ``BETWEEN``, ``IN (list)``, ``LIKE``), wherever it stands (WHERE, HAVING, JOIN ... ON,
-subqueries). A column is resolved to its table through the statement's aliases, else through the
-data set's columns (a name only one table has). ``sort_candidates`` ranks (table, column) pairs
+Predicates (tilewise.data.predicates, parsed with sqlglot): a comparison of a column with a
+constant, wherever it stands, resolved to its table. ``sort_candidates`` ranks (table, column) pairs
 by how many statements filter on them, larger tables first: what `data layout` sorts on, found
 from the workload, never given. Pure: no I/O except reading the file.
 """
@@ -16,9 +14,9 @@ from the workload, never given. Pure: no I/O except reading the file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
+from tilewise.data.predicates import Predicate, parse, filters_on, predicates  # noqa: F401 - the workload's API
 from tilewise.errors import UsageError
 
 
@@ -28,13 +26,6 @@ class Statement:
     sql: str
     query: int | str | None = None  # the benchmark's query id, when it is one
     where: str = ""  # "workload.sql line 12", for messages
-
-
-@dataclass(frozen=True)
-class Predicate:
-    table: str
-    column: str
-    op: str  # "eq" | "range" | "in" | "like"
 
 
 def from_catalog(catalog, ids) -> list[Statement]:
@@ -111,7 +102,7 @@ def _split(text: str) -> list[tuple[int, str]]:
 def check_tables(statements: list[Statement], tables: set[str]) -> None:
     """Every table a statement names exists (CTE names excepted): else an error naming the statement."""
     for st in statements:
-        tree = _parse(st.sql)
+        tree = parse(st.sql)
         if tree is None:
             continue
         exp = _exp()
@@ -121,74 +112,6 @@ def check_tables(statements: list[Statement], tables: set[str]) -> None:
             if name and name not in tables and name not in ctes:
                 raise UsageError(f"{st.where}: no table {t.name!r} in the data set",
                                  f"its tables are {', '.join(sorted(tables))}")
-
-
-@lru_cache(maxsize=512)
-def _parse(sql: str):
-    import sqlglot
-
-    try:
-        return sqlglot.parse_one(sql)
-    except Exception:  # noqa: BLE001 - a text sqlglot cannot parse has no predicates we can see
-        return None
-
-
-_OPS = {"EQ": "eq", "GT": "range", "GTE": "range", "LT": "range", "LTE": "range", "Between": "range", "In": "in",
-        "Like": "like", "ILike": "like"}
-
-
-def predicates(sql: str, columns: dict[str, set[str]]) -> list[Predicate]:
-    """The (table, column, op) of every comparison of a column with a constant in sql; columns:
-    table -> its column names (to resolve unqualified names). Order of appearance, duplicates dropped."""
-    tree = _parse(sql)
-    if tree is None:
-        return []
-    exp = _exp()
-    aliases = {}
-    for t in tree.find_all(exp.Table):
-        aliases[t.alias_or_name.lower()] = t.name.lower()
-    owners: dict[str, list[str]] = {}
-    for t, cols in columns.items():
-        for c in cols:
-            owners.setdefault(c.lower(), []).append(t)
-    out: list[Predicate] = []
-    for node in tree.find_all(*(getattr(exp, k) for k in _OPS)):
-        col, other = _column_side(node, exp)
-        if col is None or other is None:
-            continue
-        table = aliases.get(col.table.lower()) if col.table else None
-        if table is None:
-            cands = owners.get(col.name.lower(), [])
-            if len(cands) != 1:
-                continue
-            table = cands[0]
-        p = Predicate(table, col.name.lower(), _OPS[type(node).__name__])
-        if p not in out:
-            out.append(p)
-    return out
-
-
-def _column_side(node, exp):
-    """(the column, the constant side) of a comparison whose one side is a bare column and whose
-    other side names no column; (None, None) otherwise."""
-    if isinstance(node, exp.Between):
-        sides = [node.this], [node.args.get("low"), node.args.get("high")]
-    elif isinstance(node, exp.In):
-        if node.args.get("query") is not None or node.args.get("field") is not None:
-            return None, None
-        sides = [node.this], list(node.expressions)
-    else:
-        a, b = node.this, node.expression
-        if isinstance(b, exp.Column) and not isinstance(a, exp.Column):
-            a, b = b, a
-        sides = [a], [b]
-    col = sides[0][0]
-    if not isinstance(col, exp.Column):
-        return None, None
-    consts = sides[1]
-    if not consts or any(c is None or any(True for _ in c.find_all(exp.Column)) or c.find(exp.Select) for c in consts):
-        return None, None
-    return col, consts
 
 
 def sort_candidates(statements: list[Statement], columns: dict[str, set[str]],
@@ -218,7 +141,3 @@ def best_sort(cands: list[dict]) -> dict | None:
     return cands[0] if cands else None
 
 
-def filters_on(st: Statement, table: str, column: str, columns: dict[str, set[str]]) -> bool:
-    """The statement has a range or equality predicate on table.column (its sorted copy helps it)."""
-    return any(p.table == table and p.column == column and p.op in ("range", "eq", "in")
-               for p in predicates(st.sql, columns))
