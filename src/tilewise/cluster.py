@@ -149,11 +149,44 @@ def locked(name: str):
         raise UsageError(f"cannot use the cluster state directory {d}: {e.strerror}",
                          "set TILEWISE_CLUSTER_DIR to a writable directory") from None
     with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"another tilewise up/down is working on cluster {name!r}", "wait for it") from None
+        deadline = time.monotonic() + 3.0  # a background helper (cracking) holds it for milliseconds at a time
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise UsageError(f"another tilewise up/down is working on cluster {name!r}", "wait for it") from None
+                time.sleep(0.05)
         yield
+
+
+def update(name: str, token: str, change, timeout_s: float = 60.0) -> bool:
+    """Change the recorded state of a running cluster (change(state) edits it in place) and save it,
+    waiting for the cluster's lock (an `up` or `down` in progress). False when no cluster of that
+    name is recorded, or another one is now (its token differs): nothing is written then, so a
+    background helper of a cluster that was stopped never brings its record back."""
+    d = state_dir()
+    try:
+        fh = open(d / f".{check_name(name)}.lock", "w")
+    except OSError as e:
+        raise TilewiseError(f"cannot use the cluster state directory {d}: {e.strerror}") from None
+    with fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TilewiseError(f"cluster {name!r} stayed locked for {timeout_s:.0f} s") from None
+                time.sleep(0.05)
+        st = load(name)
+        if st is None or st.token != token:
+            return False
+        change(st)
+        save(st)
+        return True
 
 
 # ---- the lifecycle ------------------------------------------------------------------------------

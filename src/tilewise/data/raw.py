@@ -214,6 +214,18 @@ def discover(d: str | Path, *, tables: tuple[str, ...] | None = None) -> dict[st
     return out
 
 
+def dataset(d: str | Path):
+    """A directory of raw tables as a Dataset whose engines read them in place (no benchmark, no
+    scale factor: its label is the directory's name)."""
+    from tilewise.data import Dataset
+
+    srcs = discover(d)
+    path = Path(d).resolve()
+    fmts = sorted({s.format for s in srcs.values()})
+    return Dataset.at(path, benchmark="data", title=path.name, table_names=tuple(srcs)).with_sources(
+        srcs, layout=",".join(fmts))
+
+
 def _source(t: str, fmt: str, files: list[Path], decl: dict | None) -> TableSource:
     names = tuple(str(f) for f in files)
     if fmt == "parquet":

@@ -396,7 +396,10 @@ class ReplicaServers(ProcessCluster):
                  f"query: tilewise query --name {state.name} [--instance I] \"SELECT ...\"",
                  "   or: from tilewise.engines.replicas import Client; "
                  f"Client('{socks[0] if socks else '...'}').connect().query('SELECT 42').rows"]
-        if state.data:
+        if state.data.get("sources"):
+            lines.append(f"{state.data.get('label', 'data')}: the {len(state.data['sources'])} tables are read in "
+                         "place from their files by every instance (views)")
+        elif state.data:
             lines.append(f"{state.data.get('label', 'data')}: the {len(state.data.get('tables', {}))} tables are "
                          "loaded in every instance")
         return lines

@@ -111,13 +111,10 @@ def check(cfg: Config) -> None:
 def _source(cfg: Config, rep: Reporter) -> tuple[dict, Dataset, Dataset | None]:
     """(sources, the data as it is as a Dataset read in place, the benchmark's own Parquet set or None)."""
     if cfg.data is not None:
-        srcs = raw.discover(cfg.data)
-        d = Path(cfg.data).resolve()
-        ds = Dataset.at(d, benchmark=cfg.benchmark or "data", title=d.name, table_names=tuple(srcs))
-        fmts = sorted({s.format for s in srcs.values()})
-        if len(fmts) > 1:
-            raise UsageError(f"{d} mixes formats ({', '.join(fmts)})", "give --data a folder of one format")
-        return srcs, ds.with_sources(srcs, layout=fmts[0]), None
+        ds = raw.dataset(cfg.data)
+        if "," in ds.layout:
+            raise UsageError(f"{ds.dir} mixes formats ({ds.layout})", "give --data a folder of one format")
+        return ds.table_sources(), ds, None
     spec = benchmarks.get(cfg.benchmark)
     sf = spec.data.check_sf(cfg.sf)
     seed = spec.data.default_seed if spec.data.seeded else None
