@@ -181,10 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(a.name, pause_s=a.pause)
     except (TilewiseError, OSError) as e:
-        _say(f"failed: {e}")
+        why = str(e)
+        _say(f"failed: {why}")
 
         def failed(s: cluster.ClusterState) -> None:
-            s.data.get("crack", {}).update(state="failed", error=str(e))
+            s.data.get("crack", {}).update(state="failed", error=why)
         try:
             cluster.update(a.name, os.environ.get(TOKEN_VAR, ""), failed)
         except TilewiseError:

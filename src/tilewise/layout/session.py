@@ -20,12 +20,13 @@ The steps (run(config, reporter) -> the "layout" results document, written after
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tilewise import benchmarks, engines, topology
 from tilewise.bench import sqlshape, validate
 from tilewise.data import Dataset, raw
 from tilewise.data import layouts as L
+from tilewise.data.sources import scan_files
+from tilewise.engines import splits
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.layout import advise, candidates, measure
 from tilewise.layout import workload as W
@@ -269,6 +270,9 @@ def _measure_all(ctx: _Ctx, spec, p, specs, made, entries, doc, writer) -> None:
                 current = dict(srcs)
             rep.message(f"measuring {s.name}: {len(ctx.statements)} queries x {cfg.runs} runs")
             entries[s.name] = _measure_layout(ctx, rt, s, why, ls)
+            tiles = _tiles(spec, p, ls)
+            if tiles:
+                entries[s.name]["tiles"] = tiles
             doc["layouts"] = [entries[x.name] for x, _ in specs if x.name in entries]
             if writer:
                 writer.write(doc)
@@ -337,6 +341,16 @@ def _entry(s: L.LayoutSpec, why: str, ls: L.LayoutSet, queries: dict) -> dict:
         "files": files, "storage_bytes": sum(f["bytes"] for f in files.values()),
         "max_file_bytes": max((f["max_file_bytes"] for f in files.values()), default=0),
     }
+
+
+def _tiles(spec, p, ls: L.LayoutSet) -> dict | None:
+    """For an engine whose workers share each scan (its split rule, engines.splits): per Parquet
+    table, the tasks, files, row groups and bytes each tile gets."""
+    if spec.scan_split is None or spec.capabilities.replicas:
+        return None
+    cores = sum(len(i.cpus) for i in p.instances)
+    return {t: splits.per_tile(scan_files(src), len(p.instances), cores, spec.scan_split)
+            for t, src in ls.sources().items() if src.format == "parquet"} or None
 
 
 def _two_copies(ctx: _Ctx, s: L.LayoutSpec, why: str, ls: L.LayoutSet, entries: dict) -> dict:

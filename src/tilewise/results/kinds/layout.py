@@ -129,6 +129,17 @@ def render(doc: LayoutDoc, c) -> None:
                   T.fmt(tr.cpu_s, ".2f"), _mb(tr.bytes_written), files, "-" if e.spec.get("format") != "parquet" or
                   e.spec.get("files") is None else _runs(e.break_even_runs))
     c.print(s)
+    tiled = [e for e in doc.layouts if e.get("tiles")]
+    if tiled:
+        tabs = doc.source.get("tables") or {}
+        big = max(tabs, key=lambda t: tabs[t].get("bytes") or 0) if tabs else None
+        tt = T.table(f"{big} per tile, by the engine's split rule: tasks / files / row groups / MB",
+                     ("layout", *(f"tile {x['tile']}" for x in (tiled[0].get("tiles") or {}).get(big, []))),
+                     left=["layout"])
+        for e in tiled:
+            tt.add_row(e.name, *(f"{x['tasks']} / {x['files']} / {x['row_groups']} / {x['bytes'] / 1e6:.2f}"
+                                 for x in e.get("tiles").get(big, [])))
+        c.print(tt)
     if any(v.copy for e in doc.layouts for v in e.queries.values()):
         c.print("* read from the sorted copy (two-copy layouts: each query's runs are those of the copy it reads)",
                 markup=False)
