@@ -64,6 +64,19 @@ def test_a_workload_file_with_invalid_sql_names_the_statement_and_line(tmp_path)
         W.check_tables(sts, {"lineitem"})
 
 
+def test_a_two_copy_layout_routes_only_the_queries_that_filter_on_its_column():
+    from tilewise.data import predicates as P
+
+    q6 = P.route(TPCH.catalog.text(6), "lineitem", "l_shipdate", TPCH_COLUMNS)
+    assert "from\n    lineitem__sorted_l_shipdate AS lineitem\n" in q6 and q6.count("lineitem") == 2
+    q21 = TPCH.catalog.text(21)
+    assert P.route(q21, "lineitem", "l_shipdate", TPCH_COLUMNS) == q21  # Q21 does not filter on l_shipdate
+    q = "select count(*) from lineitem l1, lineitem l2 where l1.l_shipdate < date '1995-01-01' and l1.l_orderkey = l2.l_orderkey"
+    assert P.route(q, "lineitem", "l_shipdate", TPCH_COLUMNS) == (
+        "select count(*) from lineitem__sorted_l_shipdate l1, lineitem__sorted_l_shipdate l2 where "
+        "l1.l_shipdate < date '1995-01-01' and l1.l_orderkey = l2.l_orderkey")
+
+
 # ---- candidates ---------------------------------------------------------------------------------
 
 def test_chunk_counts_are_multiples_of_the_tiles_within_the_size_bound():

@@ -164,6 +164,23 @@ def test_a_full_disk_midway_leaves_nothing_half_written(tmp_path):
     assert [p.name for p in (tmp_path / "out" / "t").iterdir()] == [".parquet-4.lock"]
 
 
+def test_a_copy_whose_rows_differ_from_the_sources_is_never_kept(tmp_path):
+    """The check of a copy: the rows read back must carry the source rows' fingerprint. A file that
+    changes under the writer (here: rewritten without its last row) fails it."""
+    import pyarrow.parquet as pq
+
+    _csv(tmp_path / "d", rows=2000)
+    src = raw.discover(tmp_path / "d")["t"]
+
+    def tamper(i, path):
+        t = pq.read_table(path)
+        pq.write_table(t.slice(0, t.num_rows - 1), path)
+
+    with pytest.raises(TilewiseError, match="does not hold the source's rows"):
+        L.Store(tmp_path / "out").ensure(src, L.CopySpec(2), L.Hooks(after_file=tamper))
+    assert [p.name for p in (tmp_path / "out" / "t").iterdir()] == [".parquet-2.lock"]
+
+
 @pytest.mark.root
 def test_a_real_full_file_system_leaves_nothing_half_written(tmp_path):
     _csv(tmp_path / "d", rows=60000)

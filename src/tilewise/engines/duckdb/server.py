@@ -80,7 +80,11 @@ class DuckDB(serve.Handler):
         load_tables(self.con, tables)
 
     def attach(self, sources: dict[str, dict]) -> None:
-        self._attached.update(attach_tables(self.con, sources))
+        cur = self.con.cursor()  # its own connection: queries run on theirs meanwhile
+        try:
+            self._attached.update(attach_tables(cur, sources))
+        finally:
+            cur.close()
 
     def attached(self) -> dict[str, str]:
         return dict(self._attached)
