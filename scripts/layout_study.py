@@ -11,7 +11,8 @@ STEP (each writes results.json + CSV under OUT/<step>-sf<N>/, shown again by `ti
   chunks    Parquet with 1, 2, 4, ..., 128 files per table, the whole workload (figures 5.3 and 5.6)
   sorted    lineitem sorted on l_shipdate, one copy and a second copy beside the original, for
             Q6, Q14, Q15, Q20 and for the whole workload (table 5.2)
-  crack     `tilewise up --sf N --raw tbl --crack parquet-K` with a query loop: time to the first answer
+  crack     `tilewise up --sf N --raw tbl --crack parquet-K` (its own layout store, so every table is
+            transformed now) with a query loop: time to the first answer
             on the raw data, query times while the tables are transformed in the background, and after
             (a CSV timeline: every query with its time and the copy lineitem was read from)
   tiles     Spark (and Trino, when installed) on 2 tiles: per K, how lineitem's files and row groups
@@ -89,8 +90,10 @@ def crack(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TILEWISE_CLUSTER_DIR=str(out / "clusters"))
     name = "crackstudy"
+    # a store of its own: copies the other steps made are not reused, every table is transformed
     up = [*TW, "up", "--engine", "duckdb", "--policy", a.policy, "--sf", f"{a.sf:g}", "--raw", "tbl",
-          "--crack", f"parquet-{a.k}", "--name", name, *(["--data-dir", a.data_dir] if a.data_dir else [])]
+          "--crack", f"parquet-{a.k}", "--layout-dir", str(out / "store"), "--name", name,
+          *(["--data-dir", a.data_dir] if a.data_dir else [])]
     print(f"# then: a loop of queries {a.queries} on the cluster until every table switched, {a.after} more rounds")
     if a.dry_run:
         run(up, True)
