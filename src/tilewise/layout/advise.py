@@ -7,7 +7,8 @@ the as-is baseline's name, and optionally how many times the workload will run. 
 1. **The figure of merit** is the workload's time (the sum of the queries' medians); with
    ``expected_runs`` N it is what the layout costs over N runs: making it once plus N workloads
    (the thesis's question: does a transformation pay for itself before the workload stops running?).
-2. **Files over the size bound** (200 MB, the thesis's finding) rule a layout out while another is left.
+2. **Files over the size bound** (200 MB, the thesis's finding) rule a layout out while another is
+   left (the data as it is, the baseline, is never ruled out: its files are what they are).
 3. **The simplest of the fastest**: every layout within ``same`` (5 %) of the best figure, or, with
    three runs or more of each, whose workload times' 95 % interval overlaps the best's (the
    difference is noise; two runs give intervals too wide to say anything), is as good; of those
@@ -105,7 +106,7 @@ def recommend(layouts: list[dict], *, baseline: str, expected_runs: float | None
     if not measured:
         return Recommendation(baseline, ["nothing was measured: keep the data as it is"])
     reasons: list[str] = []
-    fits = [e for e in measured if (e.get("max_file_bytes") or 0) <= max_file_bytes]
+    fits = [e for e in measured if e["name"] == baseline or (e.get("max_file_bytes") or 0) <= max_file_bytes]
     over = [e["name"] for e in measured if e not in fits]
     if over and fits:
         reasons.append(f"left out: {', '.join(over)} (files over {max_file_bytes / 1e6:.0f} MB)")
