@@ -468,7 +468,10 @@ class SparkCluster(ProcessCluster):
             f"workers on other hosts: tilewise join --engine spark --coordinator <this host>:{port} --policy P "
             "(start this master with --host <routable address> for that)",
         ]
-        if state.data:
+        if state.data.get("sources"):
+            lines.append(f"{state.data.get('label', 'data')}: read in place from their files (the state file records "
+                         "each table's current copy); tilewise query sees them as tables")
+        elif state.data:
             lines.append(f"{state.data.get('label', 'data')}: spark.read.parquet('{state.data['dir']}/lineitem.parquet') "
                          "(and the 7 others); tilewise query sees them as tables")
         return lines
