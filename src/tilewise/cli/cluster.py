@@ -8,15 +8,12 @@ unbound instance); 130 interrupted (everything `up` had started was stopped).
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 
-from tilewise import allocators, cpulist, engines, topology
-from tilewise.binding import ensure_runnable
-from tilewise.cli.common import INDEX, SECONDS, console, emit_json, json_option, topology_option
-from tilewise.cli.engines import (EngineChoice, LazyHelpOption, coordinator_help, coordinator_mb, engine_summaries,
-                                  memory_help, memory_mb)
+from tilewise import allocators, cpulist, engines
+from tilewise.cli.common import INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
+from tilewise.cli.engines import EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, memory_help
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import TilewiseError, UsageError
 
@@ -70,8 +67,8 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
            coordinator_memory, join, as_json):
     """Start a bound cluster that keeps running; print how to connect.
 
-    One bound worker per plan instance (a Spark or Trino worker, a DuckDB server, ...), verified
-    from /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
+    One bound worker per plan instance (the engine's worker or server: --engine), verified from
+    /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
     """
     if raw_format and sf is None:
         raise UsageError("--raw serves TPC-H's tables as text: it needs --sf", "e.g. --sf 1 --raw csv")
@@ -89,8 +86,9 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
 @click.command("join")
 @click.option("--engine", "-e", required=True, type=EngineChoice(lambda s: s.capabilities.join),
               help="The engine of the cluster to join (engines whose workers can join from other hosts).")
-@click.option("--coordinator", required=True, metavar="HOST:PORT",
-              help="The coordinator or master (Trino, Spark) started by `tilewise up` on another host.")
+@click.option("--coordinator", required=True, metavar="HOST:PORT", cls=LazyHelpOption,
+              help_text=lambda: "The coordinator or master ({}) started by `tilewise up` on another host.".format(
+                  ", ".join(s.title for s in engines.specs(lambda s: s.capabilities.join))))
 @_worker_options
 @json_option
 def join_cmd(engine, coordinator, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set,
@@ -109,64 +107,40 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json, raw=None):
     from tilewise import cluster
 
-    cluster.check_name(name)
-    allocators.get(allocator)
-    spec = engines.get(engine)
-    if join and not spec.capabilities.join:
-        raise UsageError(f"{spec.name} workers cannot join a cluster on another host",
-                         f"use {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")
-    cls = spec.runtime_class()
-    if join:
-        join = cls.join_address(join)
-    per_mb = memory_mb(spec, worker_memory)
-    coord_mb = coordinator_mb(spec, coordinator_memory)
-    why = spec.missing()
-    if why:
-        raise TilewiseError(f"{spec.title} cannot run here: {why}")
-    t = topology.load(topology_src)
-    p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
-    ensure_runnable(p)
-    if per_mb:
-        memory = {i.id: per_mb for i in p.instances}
-    else:
-        memory = cls.default_memory_mb(p, {n.id: n.memory_bytes for n in t.numa_nodes})
-    err = console(stderr=True)
-    log = (lambda msg: err.print(f"tilewise: {msg}", markup=False)) if not as_json else None
     raw = raw or {}
+    spec = engines.get(engine)
     if raw.get("crack") and not spec.capabilities.switch:
         raise UsageError(f"{spec.title} cannot switch a table to another copy while it runs: --crack does not apply",
                          f"use --engine {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.switch))}")
-    dataset = None
-    if sf is not None:
-        from tilewise.benchmarks.tpch import data as tpch_data
 
-        dataset = (tpch_data.raw_dataset(sf, raw["format"], data_dir, log=log) if raw.get("format")
-                   else tpch_data.dataset(sf, data_dir, log=log))
-    elif raw.get("data"):
-        from tilewise.data import raw as rawdata
+    def dataset(log):  # --sf: TPC-H (its Parquet, or --raw its text), generated if needed; --data: raw tables
+        if sf is not None:
+            from tilewise.benchmarks.tpch import data as tpch_data
 
-        dataset = rawdata.dataset(raw["data"])
-    if dataset is not None:
-        spec.check_reads(dataset)
-    if raw.get("crack"):  # a layout cracking cannot make is refused before anything starts
+            ds = (tpch_data.raw_dataset(sf, raw["format"], data_dir, log=log) if raw.get("format")
+                  else tpch_data.dataset(sf, data_dir, log=log))
+        else:
+            from tilewise.data import raw as rawdata
+
+            ds = rawdata.dataset(raw["data"])
+        spec.check_reads(ds)
+        if raw.get("crack"):  # a layout cracking cannot make is refused before anything starts
+            from tilewise.layout import crack
+
+            crack.target(raw["crack"], ds.table_sources(), 1)
+        return ds
+
+    def background(st, log):  # --crack: the transformation beside the deployment, once it answers
         from tilewise.layout import crack
 
-        crack.target(raw["crack"], dataset.table_sources(), len(p.instances))
-    t0 = time.monotonic()
-    st = cluster.up(p, engine=spec.name, name=name, allocator=allocator, worker_memory_mb=memory, join=join,
-                    host=host, dataset=dataset, log=log, coordinator_mb=coord_mb)
-    if raw.get("crack"):
-        from tilewise.layout import crack
+        crack.start(st, raw["crack"], layout_dir=raw.get("layout_dir"), pause_s=raw.get("pause") or 0.0, log=log)
 
-        try:
-            crack.start(st, raw["crack"], layout_dir=raw.get("layout_dir"), pause_s=raw.get("pause") or 0.0, log=log)
-        except BaseException:
-            cluster.down(st)  # nothing half-started stays: the deployment goes with the failed cracking
-            raise
-        st = cluster.load(name) or st
-    doc = cluster.status(st)
-    doc["startup_s"] = round(time.monotonic() - t0, 2)
-    doc["connect"] = st.cluster().connect_hints(st)
+    cfg = cluster.Config(engine, lambda t: make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads,
+                                                     working_set, skewed),
+                         topology_src, name, allocator, worker_memory, coordinator_memory, host,
+                         dataset if sf is not None or raw.get("data") else None, join,
+                         background if raw.get("crack") else None)
+    doc = cluster.start(cfg, None if as_json else Messages(prefix="tilewise: "))
     if as_json:
         emit_json(doc)
         return

@@ -10,8 +10,8 @@ import click
 
 from tilewise import benchmarks, engines
 from tilewise.cli import LazyGroup
-from tilewise.cli.common import (AT_LEAST_1, Number, ProgressBars, conflicts, console, emit_json, json_option,
-                                 topology_option)
+from tilewise.cli.common import (AT_LEAST_1, Messages, Number, ProgressBars, conflicts, console, emit_json,
+                                 json_option, topology_option)
 from tilewise.cli.engines import LazyHelpOption
 from tilewise.data import store, table_paths
 from tilewise.errors import TilewiseError, UsageError
@@ -221,10 +221,7 @@ def layout_cmd(data_path, benchmark, sf, raw_format, data_dir, query_list, sql_f
         topology_src=topology_src, layouts=_names(layout_list, "--layouts"), runs=runs, drop=drop,
         expected_runs=expected_runs, apply=apply, apply_layout=apply_layout, layout_dir=layout_dir, out=out_dir,
         max_file_mb=max_file_mb)
-    err = console(stderr=True)
-    rep = session.Reporter()
-    rep.message = lambda text: err.print(f"tilewise: {text}", markup=False, highlight=False)
-    doc = session.run(cfg, rep)
+    doc = session.run(cfg, Messages(prefix="tilewise: "))
     if as_json:
         emit_json(doc)
         return

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from tilewise.data import store
+from tilewise.data import Dataset, store
 from tilewise.data.sources import EXTENSIONS, TEXT_FORMATS, TableSource, arrow_type, parquet, type_name
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
@@ -217,8 +217,6 @@ def discover(d: str | Path, *, tables: tuple[str, ...] | None = None) -> dict[st
 def dataset(d: str | Path):
     """A directory of raw tables as a Dataset whose engines read them in place (no benchmark, no
     scale factor: its label is the directory's name)."""
-    from tilewise.data import Dataset
-
     srcs = discover(d)
     path = Path(d).resolve()
     fmts = sorted({s.format for s in srcs.values()})

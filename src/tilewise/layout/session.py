@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tilewise import benchmarks, engines, topology
+from tilewise import plan as planner
 from tilewise.bench import sqlshape, validate
 from tilewise.data import Dataset, raw
 from tilewise.data import layouts as L
@@ -156,8 +157,6 @@ def _specs(cfg: Config, srcs: dict, fmt: str, cands: list[candidates.Candidate])
 # ---- the use case --------------------------------------------------------------------------------
 
 def run(cfg: Config, reporter: Reporter | None = None) -> dict:
-    from tilewise import plan as planner
-
     rep = reporter or Reporter()
     check(cfg)
     spec = engines.get(cfg.engine)
