@@ -12,11 +12,12 @@ server (server.py) runs them.
   date 2020-13-45 becomes 1900-01-01, 2020-02-30 becomes 2020-03-01, an integer past Int64 wraps
   round, 1.257 read as Decimal(15, 2) is 1.25), so each converted column is checked, and a value
   that does not convert exactly stops the query with ``MARK`` in its message; the server then
-  finds the file and line (``bad_value_sql``). An unquoted empty field is NULL and so is a quoted
-  empty one in a CSV/TBL string column, as DuckDB's readers (nullstr '') read them: a table's
-  answers are the same from either engine, and from the Parquet copy DuckDB makes of it
-  (cracking). The columns of text are Nullable (a text file cannot say a field is never empty;
-  ClickHouse's own CSV schema inference says the same).
+  finds the file and line (``bad_value_sql``). An unquoted empty field is NULL and a quoted one
+  (``""``) an empty string, as DuckDB's reader reads them (data/raw.py: scan_sql) and as DuckDB's
+  COPY writes them (JCC-H's s_comment holds empty strings): a table's answers are the same from
+  either engine, and from the Parquet copy DuckDB makes of it (cracking). The columns of text are
+  Nullable (a text file cannot say a field is never empty; ClickHouse's own CSV schema inference
+  says the same).
 - ClickHouse's CSV settings are set per view, each against a default that would change the data:
   ``input_format_csv_trim_whitespaces = 0`` (its default trims the spaces ending TPC-H comments:
   "ly final dependencies: slyly bold " lost its last character, measured),
@@ -87,7 +88,7 @@ def conversion(column: str, arrow: str) -> tuple[str, str, str] | None:
     if arrow in _INTS or arrow in ("double", "float", "bool"):
         t = _INTS.get(arrow) or {"double": "Float64", "float": "Float32", "bool": "Bool"}[arrow]
         v = f"accurateCastOrNull({c}, '{t}')"
-        return v, f"isNotNull({v})", f"a {t}"
+        return v, f"isNotNull({v})", f"{'an' if t[0] in 'AEIOU' else 'a'} {t}"
     m = _DEC.fullmatch(arrow)
     if m:
         p, s = int(m.group(1)), int(m.group(2))
@@ -157,7 +158,7 @@ def select_sql(src: TableSource) -> str:
         raw = ident(c)
         conv = conversion(raw, t)
         if conv is None:
-            exprs.append(f"nullIf({raw}, '') AS {raw}" if src.format != "json" else raw)
+            exprs.append(raw)
             continue
         value, ok, what = conv
         # the value, with a check that throws on a row whose text did not convert exactly
@@ -217,7 +218,7 @@ def parse_error(text: str) -> tuple[str | None, int | None, str]:
         reason = "too few fields"
     elif "Expected end of line" in flat:
         reason = "too many fields"
-    elif "Unexpected end of stream" in flat:
+    elif "Unexpected end of stream" in flat or "at end of stream" in flat:
         reason = "the row ends in the middle of a value (an unterminated quote or object?)"
     else:
         start = flat.find("DB::Exception: ")
