@@ -281,7 +281,10 @@ class PostgresServers(ProcessCluster):
             deadline = time.monotonic() + START_TIMEOUT_S
             for m in self.workers():
                 self._wait_ready(m, max(1.0, deadline - time.monotonic()))
-                with contextlib.closing(self._connect(m)) as conn:
+                with contextlib.closing(self._connect(m, "postgres")) as conn:
+                    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                        (settings.DATABASE,)).fetchone():  # no data set: an empty one
+                        conn.execute(f"CREATE DATABASE {settings.DATABASE}")
                     conn.execute(f"ALTER ROLE {settings.ROLE} PASSWORD '{password}'")
                 if log:
                     log(f"PostgreSQL server {m.instance} ready: pid {m.pid}, port {m.extra['port']}, "
