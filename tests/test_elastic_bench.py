@@ -1,4 +1,5 @@
-"""`tilewise bench elastic` end to end at a tiny scale (SF 0.01, 1 s per case)."""
+"""`tilewise bench elastic` end to end at a tiny scale (SF 0.01, 1 s per case), and its use case
+(elastic.experiment.run) refusing bad input before anything is generated, started or written."""
 
 import json
 import os
@@ -6,6 +7,8 @@ import os
 import pytest
 
 from conftest import run_cli
+from tilewise.elastic import experiment
+from tilewise.errors import UsageError
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
@@ -35,3 +38,16 @@ def test_bench_elastic_tiny(tmp_path):
     assert not list((tmp_path / "state" / "elastic").glob("*.json"))  # restored, journal gone
     assert not [g for g in os.listdir("/sys/fs/cgroup/cpuset") if g.startswith("tilewise-elastic-")] \
         if os.path.isdir("/sys/fs/cgroup/cpuset") else True
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"th_min": 70.0, "th_max": 70.0}, "--th-min must be below --th-max"),
+    ({"workloads": "q6,nope"}, "unknown workload"),
+    ({"configs": "os,nope"}, "unknown config"),
+    ({"topology_src": "synthetic:Package:1 [NUMANode] L3Cache:1 Core:2 PU:1"}, "needs this machine's topology"),
+])
+def test_run_refuses_before_any_data_or_process(tmp_path, kw, message):
+    cfg = experiment.Config(data_dir=str(tmp_path / "data"), out=str(tmp_path / "out"), **kw)
+    with pytest.raises(UsageError, match=message):
+        experiment.run(cfg)
+    assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()

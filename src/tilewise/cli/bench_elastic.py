@@ -3,12 +3,14 @@ without the elastic allocator."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from tilewise import engines
-from tilewise.cli.common import AT_LEAST_1, PERCENT, SECONDS, SEED, console, emit_json, json_option, topology_option
+from tilewise.cli.common import (AT_LEAST_1, PERCENT, SECONDS, SEED, Messages, console, emit_json, json_option,
+                                 topology_option)
 from tilewise.cli.engines import EngineChoice
-from tilewise.errors import UsageError
 
 
 @click.command("elastic")
@@ -42,70 +44,18 @@ def bench_elastic(engine, sf, clients, duration, workloads, configs, interval, t
     \b
     tilewise bench elastic --sf 0.1 --clients 4 --duration 10
     """
-    from tilewise import topology
-    from tilewise.benchmarks.tpch import data as tpch_data
     from tilewise.elastic import experiment as ex
-    from tilewise.environment import system_check
-    from tilewise.results import model, report
-    from tilewise.results.output import Writer
+    from tilewise.results import report
 
-    if th_min >= th_max:
-        raise UsageError(f"--th-min must be below --th-max (got {th_min:g}, {th_max:g})")
-    spec = engines.get(engine)
-    why = spec.missing()
-    if why:
-        raise UsageError(f"{spec.title} cannot run here: {why}")
-    wl = ex.check_choice(workloads, ex.WORKLOADS, "workload")
-    cf = ex.check_choice(configs, ex.CONFIGS, "config")
-    sf_v = tpch_data.check_sf(sf)
-    t = topology.load(topology_src)
-    if not topology.is_live(t):
-        raise UsageError("bench elastic runs processes: it needs this machine's topology", "drop --topology")
-    writer = Writer(out_dir, plots=False)
-    out = writer.dir
-    say = console(stderr=True)
-    data = tpch_data.ensure_data(sf_v, data_dir)
-    threads = len(__import__("os").sched_getaffinity(0))
-    params = {"engine": spec.name, "sf": sf_v, "clients": clients, "duration_s": duration, "interval_s": interval,
-              "th_min": th_min, "th_max": th_max, "duckdb_threads": threads, "seed": seed,
-              "workloads": wl, "configs": cf}
-    doc = model.new("elastic", topo=t, engines={spec.name: spec.version()}, allocator="system",
-                    system_check=system_check(numa_nodes=len(t.cpu_nodes)), params=params)
-    doc.update({"notes": _notes(t), "cases": []})
-    try:
-        for w in wl:
-            tables, queries = ex.tables_for(w, data), ex.queries_for(w)
-            for c in cf:
-                if not as_json:
-                    say.print(f"{w} / {c}: {clients} clients for {duration:g} s ...", markup=False)
-                case = ex.run_case(config=c, workload=w, tables=tables, queries=queries, clients=clients,
-                                   duration=duration, interval=interval, topo=t, th_min=th_min, th_max=th_max,
-                                   threads=threads, log_path=out / "logs" / f"{w}-{c}.jsonl", seed=seed, spec=spec)
-                doc["cases"].append(case)
-                writer.write(doc)  # a late failure loses nothing
-    except BaseException as e:
-        model.stopped(doc, e)
-        writer.write(doc)
-        raise
-    model.finish(doc, complete=True)
-    writer.write(doc, plots=not no_plot)
+    cfg = ex.Config(engine, sf, clients, duration, workloads, configs, interval, th_min, th_max, data_dir, out_dir,
+                    seed, not no_plot, topology_src)
+    doc = ex.run(cfg, Messages(quiet=as_json))
     if as_json:
         emit_json({k: v for k, v in doc.items() if k != "cases"} |
                   {"cases": [{k: v for k, v in c.items() if k != "raw"} for c in doc["cases"]]})
         return
+    out = Path(out_dir)
     c = console(wide=True)
     report.render(doc, c)
     c.print(f"results: {out / 'results.json'}" + (f", plot: {doc['plots'][0]}" if doc.get("plots") else "")
             + f", daemon logs: {out / 'logs'}", markup=False)
-
-
-def _notes(t) -> list[str]:
-    notes = []
-    if len(t.cpu_nodes) < 2:
-        notes.append("one NUMA node: dense, sparse and adaptive choose the same cores here; only the elastic "
-                     "sizing (how many cores) differs from os, not where they are")
-    if len(t.usable_cores()) <= 2:
-        notes.append(f"{len(t.usable_cores())} cores: the allocator can only move between 1 and "
-                     f"{len(t.usable_cores())} cores; the paper's gains (locality over 16+ cores, 4 sockets) cannot show")
-    notes.append("no hardware counters here: L3 misses, interconnect traffic and remote/local ratios are not measured")
-    return notes

@@ -1,5 +1,5 @@
 """`tilewise bench elastic`: N clients on one engine process (DuckDB by default), with and without
-the elastic allocator.
+the elastic allocator; ``run(config, reporter) -> results document``.
 
 Cases: ``os`` (no allocator: every allowed core, the OS schedules) and one per allocation mode
 (dense, sparse, adaptive), each for each workload: ``q6`` (every client runs TPC-H Q6 in a loop)
@@ -23,14 +23,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilewise import engines
+from tilewise import engines, topology
 from tilewise import plan as planner
+from tilewise.benchmarks.tpch import data as tpch_data
+from tilewise.benchmarks.tpch import queries as tpch_queries
+from tilewise.data import table_paths
+from tilewise.elastic import daemon, enforce, modes, petri
 from tilewise.engines.contract import EngineSpec, Query
+from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model
 from tilewise.results import stats as S
 from tilewise.results.kinds import elastic_log
-from tilewise.results.output import LineWriter
+from tilewise.results.output import LineWriter, Writer
 
 CONFIGS = ("os", "dense", "sparse", "adaptive")
 WORKLOADS = ("q6", "mixed")
@@ -93,8 +98,6 @@ def _clients(runtime, queries: dict[int, str], clients: int, duration: float, se
 def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients: int, duration: float,
              interval: float, topo, th_min: float, th_max: float, threads: int, log_path: Path | None,
              seed: int = 1, spec: EngineSpec | None = None) -> dict:
-    from tilewise.elastic import daemon, enforce, modes, petri
-
     spec = spec or engines.get(engines.DEFAULT_BENCH)  # threads: the engine's, = the CPUs it starts on
     if not spec.capabilities.replicas:
         raise UsageError(f"bench elastic manages one engine process; {spec.name}'s workers cooperate across several",
@@ -203,8 +206,6 @@ def _time_weighted(timeline: list, wall: float) -> float:
 
 
 def tables_for(workload: str, data: Path) -> dict:
-    from tilewise.data import table_paths
-
     paths = table_paths(data)
     if workload == "q6":
         return {"lineitem": str(paths["lineitem"])}
@@ -212,11 +213,9 @@ def tables_for(workload: str, data: Path) -> dict:
 
 
 def queries_for(workload: str) -> dict:
-    from tilewise.benchmarks.tpch import queries
-
     if workload == "q6":
-        return {6: queries.load(6)}
-    return {n: queries.load(n) for n in queries.NUMBERS}
+        return {6: tpch_queries.load(6)}
+    return {n: tpch_queries.load(n) for n in tpch_queries.NUMBERS}
 
 
 def check_choice(text: str, allowed: tuple, what: str) -> list[str]:
@@ -227,4 +226,86 @@ def check_choice(text: str, allowed: tuple, what: str) -> list[str]:
     return out
 
 
-__all__ = ["run_case", "CONFIGS", "WORKLOADS"]
+# ---- the use case: `tilewise bench elastic` ---------------------------------------------------
+
+@dataclass
+class Config:
+    engine: str = engines.DEFAULT_BENCH  # an engine whose instances are replicas (one process each)
+    sf: str | float = "0.1"  # TPC-H scale factor
+    clients: int = 4
+    duration: float = 10.0  # seconds each case runs its clients
+    workloads: str = ",".join(WORKLOADS)
+    configs: str = ",".join(CONFIGS)
+    interval: float = 0.1  # the daemon's tick
+    th_min: float = 10.0
+    th_max: float = 70.0
+    data_dir: str | None = None
+    out: str | Path = "results/elastic"  # results.json, elastic.png, logs/<case>.jsonl
+    seed: int = 1
+    plots: bool = True
+    topology_src: str | None = None  # must be this machine's
+
+
+class Reporter:
+    def message(self, text: str) -> None: ...  # progress lines
+
+
+def notes(t) -> list[str]:
+    """What this machine can and cannot show of the allocator's effect."""
+    out = []
+    if len(t.cpu_nodes) < 2:
+        out.append("one NUMA node: dense, sparse and adaptive choose the same cores here; only the elastic "
+                   "sizing (how many cores) differs from os, not where they are")
+    if len(t.usable_cores()) <= 2:
+        out.append(f"{len(t.usable_cores())} cores: the allocator can only move between 1 and "
+                   f"{len(t.usable_cores())} cores; the paper's gains (locality over 16+ cores, 4 sockets) cannot show")
+    out.append("no hardware counters here: L3 misses, interconnect traffic and remote/local ratios are not measured")
+    return out
+
+
+def run(cfg: Config, reporter: Reporter | None = None) -> dict:
+    """Every workload x config case; returns the elastic results document, rewritten in cfg.out
+    after each case (a late failure loses nothing) and marked stopped when interrupted."""
+    rep = reporter or Reporter()
+    if cfg.th_min >= cfg.th_max:
+        raise UsageError(f"--th-min must be below --th-max (got {cfg.th_min:g}, {cfg.th_max:g})")
+    spec = engines.get(cfg.engine)
+    why = spec.missing()
+    if why:
+        raise UsageError(f"{spec.title} cannot run here: {why}")
+    wl = check_choice(cfg.workloads, WORKLOADS, "workload")
+    cf = check_choice(cfg.configs, CONFIGS, "config")
+    sf = tpch_data.check_sf(cfg.sf)
+    t = topology.load(cfg.topology_src)
+    if not topology.is_live(t):
+        raise UsageError("bench elastic runs processes: it needs this machine's topology", "drop --topology")
+    writer = Writer(cfg.out, plots=False)
+    data = tpch_data.ensure_data(sf, cfg.data_dir)
+    threads = len(os.sched_getaffinity(0))
+    params = {"engine": spec.name, "sf": sf, "clients": cfg.clients, "duration_s": cfg.duration,
+              "interval_s": cfg.interval, "th_min": cfg.th_min, "th_max": cfg.th_max, "duckdb_threads": threads,
+              "seed": cfg.seed, "workloads": wl, "configs": cf}
+    doc = model.new("elastic", topo=t, engines={spec.name: spec.version()}, allocator="system",
+                    system_check=system_check(numa_nodes=len(t.cpu_nodes)), params=params)
+    doc.update({"notes": notes(t), "cases": []})
+    try:
+        for w in wl:
+            tables, queries = tables_for(w, data), queries_for(w)
+            for c in cf:
+                rep.message(f"{w} / {c}: {cfg.clients} clients for {cfg.duration:g} s ...")
+                case = run_case(config=c, workload=w, tables=tables, queries=queries, clients=cfg.clients,
+                                duration=cfg.duration, interval=cfg.interval, topo=t, th_min=cfg.th_min,
+                                th_max=cfg.th_max, threads=threads, log_path=writer.dir / "logs" / f"{w}-{c}.jsonl",
+                                seed=cfg.seed, spec=spec)
+                doc["cases"].append(case)
+                writer.write(doc)  # a late failure loses nothing
+    except BaseException as e:
+        model.stopped(doc, e)
+        writer.write(doc)
+        raise
+    model.finish(doc, complete=True)
+    writer.write(doc, plots=cfg.plots)
+    return doc
+
+
+__all__ = ["run", "run_case", "CONFIGS", "WORKLOADS"]
