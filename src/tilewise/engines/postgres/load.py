@@ -41,6 +41,7 @@ from pathlib import Path
 from tilewise.data import Dataset, Keys
 from tilewise.engines import sqltypes
 from tilewise.errors import TilewiseError
+from tilewise.fsutil import atomic_write_json
 
 READY_FORMAT = "tilewise-postgres-load/3"  # bump when what a load builds changes
 BATCH_ROWS = 128 * 1024  # rows per CSV chunk handed to COPY
@@ -280,7 +281,5 @@ class Template:
             shutil.copytree(built, self.data_dir, symlinks=True)
             shutil.rmtree(built, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-        from tilewise.fsutil import atomic_write_json
-
         atomic_write_json(self.ready_path, {**self.recipe(), "dataset": self.dataset.to_json(), "load": info,
                                             "stored": time.time()})

@@ -34,6 +34,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tilewise.errors import UsageError
+
 MEMORY_FRACTION = 0.75  # the default share of the instance's node memory (the knob's default)
 MEMORY_MIN_MB = 256  # below this the server and a TPC-H query do not fit
 SHARED_BUFFERS_SHARE = 0.25
@@ -80,8 +82,6 @@ def jit_choice(environ: dict | None = None) -> bool:
     if not text:
         return JIT_DEFAULT
     if text not in ("on", "off"):
-        from tilewise.errors import UsageError
-
         raise UsageError(f"{JIT_VAR}={text!r} is neither on nor off", "unset it for the measured default")
     return text == "on"
 
