@@ -24,6 +24,7 @@ first used, after the harness's clock stopped (docs/overhead.md).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import select
@@ -37,11 +38,12 @@ from typing import ClassVar
 from tilewise.binding import Binding
 from tilewise.engines.contract import ArrowRows, QueryResult
 from tilewise.engines.procgroup import ClusterError, Member, ProcessCluster
-from tilewise.engines.serve import READY, read_msg, write_msg
+from tilewise.engines.serve import READY, REFUSED, read_msg, write_msg
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
 
 READY_RE = re.compile(rf"(?:{READY}|tilewise duckdb server ready on) (\S+)")  # the second: servers of 0.x
+REFUSED_RE = re.compile(rf"^{re.escape(REFUSED)} (.*)$", re.M)
 SOCKET_MAX = 107  # sun_path holds 108 bytes including the NUL
 START_TIMEOUT_S = 300.0  # loading SF 10 takes a while on 2 cores
 
@@ -216,9 +218,11 @@ class Client:
 class ReplicaServers(ProcessCluster):
     """One server per instance (role "worker", its socket in extra["socket"]). Subclasses set
     server_module (run as ``python -m server_module``) and, where the engine writes its tables,
-    refresh_statements()."""
+    refresh_statements(); workdir = True gives each server a private directory for the engine's own
+    files (<root>/work/instance-N, its handler's `workdir`), removed with the deployment."""
 
     server_module: ClassVar[str]
+    workdir: ClassVar[bool] = False
     STOP_ORDER: ClassVar[dict[str, int]] = {"worker": 1}
     error_cls: ClassVar[type[TilewiseError]] = ServerError
     start_timeout_s: ClassVar[float] = START_TIMEOUT_S
@@ -243,8 +247,10 @@ class ReplicaServers(ProcessCluster):
             sockdir.mkdir(parents=True, exist_ok=True)
             os.chmod(sockdir, 0o700)
             tables_file = None
-            if dataset is not None:
-                tables_file = atomic_write_json(self.root / "tables.json", self.data["tables"])
+            if dataset is not None:  # Parquet files to load, or (a layout, raw tables) sources read in place
+                tables = ({"in_place": True, "sources": self.data["sources"]} if self.data.get("sources")
+                          else self.data["tables"])
+                tables_file = atomic_write_json(self.root / "tables.json", tables)
             for inst in plan.instances:
                 path = sockdir / f"instance-{inst.id}.sock"
                 if len(str(path)) > SOCKET_MAX:
@@ -255,6 +261,11 @@ class ReplicaServers(ProcessCluster):
                     argv += ["--memory-mb", str(memory_mb[inst.id])]
                 if tables_file:
                     argv += ["--tables", str(tables_file)]
+                if self.workdir:
+                    work = self.root / "work" / f"instance-{inst.id}"
+                    work.mkdir(parents=True, exist_ok=True)
+                    os.chmod(work, 0o700)
+                    argv += ["--workdir", str(work)]
                 m = self._spawn("worker", inst.id, argv, Binding.from_instance(inst, allocator),
                                 cores=len(inst.cpus), memory_mb=memory_mb.get(inst.id, 0), extra={"socket": str(path)})
                 self._verify_started(m)
@@ -263,12 +274,31 @@ class ReplicaServers(ProcessCluster):
             self.endpoint = str(sockdir)
             deadline = time.monotonic() + self.start_timeout_s
             for m in self.workers():  # every server loads its own copy, all at once
-                self.wait_log(m, READY_RE, max(1.0, deadline - time.monotonic()),
-                              "load the tables and listen" if tables_file else "listen")
+                try:
+                    self.wait_log(m, READY_RE, max(1.0, deadline - time.monotonic()),
+                                  "load the tables and listen" if tables_file else "listen")
+                except self.error_cls:
+                    self._raise_refused()
+                    raise
         except BaseException:
             if not self.detach:
                 self.stop()
             raise
+
+    def _raise_refused(self) -> None:
+        """A server that refused what it was given (serve.Refused) said why in its log: that is the error."""
+        for m in self.workers():
+            try:
+                with open(m.log, errors="replace") as f:
+                    hit = REFUSED_RE.search(f.read())
+            except OSError:
+                continue
+            if hit:
+                try:
+                    why = json.loads(hit.group(1))
+                except ValueError:
+                    continue
+                raise UsageError(f"{self.title} instance {m.instance}: {why.get('message')}", why.get("hint") or None)
 
     def close(self) -> None:
         with self._route:
@@ -358,8 +388,23 @@ class ReplicaServers(ProcessCluster):
 
     def info(self, instance: int) -> dict:
         reply = self.client(instance).info()
-        keys = ("threads", "memory_mb", "load_s", "pid", "version", "cpu_s", "ctx_involuntary")
+        keys = ("threads", "memory_mb", "load_s", "pid", "version", "cpu_s", "ctx_involuntary", "rss_mb", "peak_rss_mb",
+                "rss_anon_mb", "tables")
         return {k: reply[k] for k in keys if k in reply}
+
+    def switch_table(self, table: str, source: dict) -> None:
+        """Every replica serves `table` from the copy `source` from now on (engines whose spec says
+        capabilities.switch): all of them or an error naming the one that refused."""
+        if not self.spec.capabilities.switch:
+            super().switch_table(table, source)
+        doing = f"switching table {table} to {source.get('layout') or source.get('format')}"
+        clients = [self.client(m.instance) for m in self.workers()]
+        waits = [(c, c.submit({"op": "switch", "table": table, "source": source}, doing)) for c in clients]
+        errors = [f"instance {c.instance}: {r.get('error')}" for c, p in waits if not (r := c.wait(p, doing)).get("ok")]
+        if errors:
+            raise TilewiseError(f"{self.title} could not switch table {table}: {errors[0]}")
+        if self.data.get("sources") is not None:
+            self.data["sources"][table] = source
 
     # ---- status -------------------------------------------------------------------------------
     def member_status(self, m: Member) -> dict:
@@ -382,7 +427,10 @@ class ReplicaServers(ProcessCluster):
                  f"query: tilewise query --name {state.name} [--instance I] \"SELECT ...\"",
                  "   or: from tilewise.engines.replicas import Client; "
                  f"Client('{socks[0] if socks else '...'}').connect().query('SELECT 42').rows"]
-        if state.data:
+        if state.data.get("sources"):
+            lines.append(f"{state.data.get('label', 'data')}: the {len(state.data['sources'])} tables are read in "
+                         "place from their files by every instance (views)")
+        elif state.data:
             lines.append(f"{state.data.get('label', 'data')}: the {len(state.data.get('tables', {}))} tables are "
                          "loaded in every instance")
         return lines

@@ -1,15 +1,24 @@
 """The server side of a replica engine: one bound process per instance that loads the data set into
 its own memory and answers queries on a Unix socket. An engine supplies a Handler (its connection,
 how it loads tables, runs a query, applies a transaction); this module does the rest, the same for
-every engine: ``python -m <engine's server module> --socket PATH [--tables FILE] [--memory-mb N]``
-calls ``serve.main(Handler)``. The client is engines.replicas.
+every engine: ``python -m <engine's server module> --socket PATH [--tables FILE] [--memory-mb N]
+[--workdir DIR]`` calls ``serve.main(Handler)``. The client is engines.replicas.
+
+A server that cannot run with what it was given (a memory size the engine refuses, tables that do
+not fit in it) raises Refused from the handler: the server prints one line starting with REFUSED and
+exits with status 2 before it listens, and the runtime turns that line into the user's error.
 
 Wire format (both directions, on the socket): a message is an 8-byte header (two big-endian lengths:
 a pickled dict, then a raw payload, possibly empty) followed by both. Requests carry an "id" that
 the reply repeats: {"op": "query", "sql": ...}, {"op": "execute", "sql": [statements]} (one
 transaction: the TPC-H refresh functions, run like a query by the thread that read it, concurrently
-with queries), {"op": "load", "tables": {name: path}}, {"op": "info"}, {"op": "exit"} (ends this
+with queries), {"op": "load", "tables": {name: path}}, {"op": "switch", "table": name, "source": {...}}
+(serve a table from another copy of its files: cracking), {"op": "info"}, {"op": "exit"} (ends this
 connection). Replies: {"id": .., "ok": True, ...} or {"id": .., "ok": False, "error": "..."}.
+
+Tables are loaded into the engine (``--tables FILE``: name -> Parquet path) or, for a data set read
+in place (a layout, raw CSV/TBL/JSON; the file then holds {"in_place": true, "sources": {name:
+TableSource JSON}}), attached: the engine reads the files per query (Handler.attach; views in DuckDB).
 
 A query's answer is fetched inside the engine's timed region: its first rows as Python tuples and,
 only when there are more, the rest as an Arrow table, sent as the payload in Arrow's IPC stream
@@ -42,6 +51,7 @@ from pathlib import Path
 _HEAD = struct.Struct(">II")
 _MAX_IDLE = 2  # serving threads allowed to wait for the next request at once
 READY = "tilewise server ready on"  # the line a server prints when it accepts connections
+REFUSED = "tilewise server refused:"  # the line a server prints when it refuses what it was given
 
 
 # ---- the wire ----------------------------------------------------------------------------------
@@ -116,9 +126,20 @@ class Answer:
     rest: object | None = None  # a pyarrow.Table with the rows after `rows`, or None
 
 
+class Refused(Exception):
+    """What the server was given cannot work (raised by a handler's __init__ or load): the message
+    says what, the hint how to fix it (e.g. which option to change)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        self.message, self.hint = message, hint
+        super().__init__(f"{message}; {hint}" if hint else message)
+
+
 class Handler:
     """One engine inside its server process. Subclasses open the engine in __init__ and implement
-    load() and query(); execute() where the engine writes its tables (refresh functions)."""
+    load() and query(); execute() where the engine writes its tables (refresh functions). A handler
+    whose __init__ takes a `workdir` keyword gets the private directory its runtime made for the
+    engine's own files (ReplicaServers.workdir), removed with the deployment."""
 
     concurrent = True  # queries may run on several threads at once; False: they take turns
 
@@ -128,6 +149,15 @@ class Handler:
     def load(self, tables: dict[str, str]) -> None:
         """Load each table (name -> Parquet path) into the engine's own memory."""
         raise NotImplementedError
+
+    def attach(self, sources: dict[str, dict]) -> None:
+        """Read each table in place (name -> a TableSource's JSON): per query, from its files. Also
+        what switching a table to another copy does (the spec's capabilities.reads/switch say so)."""
+        raise NotImplementedError("this engine does not read tables in place")
+
+    def attached(self) -> dict[str, str]:
+        """name -> the layout of the copy each table is read from now (for `info`)."""
+        return {}
 
     def query(self, sql: str) -> Answer:
         raise NotImplementedError
@@ -204,17 +234,42 @@ class Server:
                 with self.shared["serial"]:
                     self.shared["load_s"] = _load(h, msg["tables"])
                 self.reply(msg, {"ok": True, "elapsed_s": self.shared["load_s"]})
+            elif op == "switch":
+                t0 = time.perf_counter()
+                with self.shared["serial"]:
+                    h.attach({msg["table"]: msg["source"]})
+                self.reply(msg, {"ok": True, "elapsed_s": time.perf_counter() - t0})
             elif op == "info":
                 with self.shared["serial"]:
                     info = h.info()
                 ru = resource.getrusage(resource.RUSAGE_SELF)  # the whole process, its exited threads included
                 self.reply(msg, {"ok": True, "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)),
                                  "load_s": self.shared.get("load_s"), "memory_mb": h.memory_mb,
-                                 "cpu_s": ru.ru_utime + ru.ru_stime, "ctx_involuntary": ru.ru_nivcsw, **info})
+                                 "cpu_s": ru.ru_utime + ru.ru_stime, "ctx_involuntary": ru.ru_nivcsw,
+                                 "tables": h.attached(), **resident_mb(), **info})
             else:
                 self.reply(msg, {"ok": False, "error": f"unknown request {op!r}"})
         except Exception as e:  # a failing request is an answer, not a crash
             self.reply(msg, {"ok": False, "error": f"{type(e).__name__}: {e}"})
+
+
+_STATUS_KEYS = {"VmRSS:": "rss_mb", "VmHWM:": "peak_rss_mb", "RssAnon:": "rss_anon_mb"}
+
+
+def resident_mb() -> dict:
+    """This process's resident memory now, at its peak, and its anonymous part now (MiB;
+    /proc/self/status VmRSS, VmHWM, RssAnon: the rest is file pages, e.g. the engine's library,
+    which instances share through the page cache)."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key = _STATUS_KEYS.get(line.split(maxsplit=1)[0] if line.strip() else "")
+                if key:
+                    out[key] = int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
 
 
 class _NoLock:
@@ -225,9 +280,13 @@ class _NoLock:
         pass
 
 
-def _load(h: Handler, tables: dict[str, str]) -> float:
+def _load(h: Handler, tables: dict) -> float:
+    """Load (name -> Parquet path) or, for {"in_place": true, "sources": ...}, attach the tables."""
     t0 = time.perf_counter()
-    h.load(tables)
+    if isinstance(tables.get("sources"), dict) and tables.get("in_place"):
+        h.attach(tables["sources"])
+    else:
+        h.load(tables)
     return time.perf_counter() - t0
 
 
@@ -238,14 +297,20 @@ def main(handler_cls: type[Handler], argv: list[str] | None = None) -> int:
     ap.add_argument("--socket", required=True)
     ap.add_argument("--tables", default=None, help="JSON file: table -> Parquet path")
     ap.add_argument("--memory-mb", type=int, default=None)
+    ap.add_argument("--workdir", default=None, help="a private directory for the engine's own files")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    handler = handler_cls(len(os.sched_getaffinity(0)), args.memory_mb or None)
-    shared = {"serial": threading.Lock(), "turns": _NoLock() if handler.concurrent else threading.Lock(),
-              "load_s": None}
-    if args.tables:
-        tables = json.loads(Path(args.tables).read_text())
-        shared["load_s"] = _load(handler, tables)
-        print(f"loaded {len(tables)} tables in {shared['load_s']:.2f} s", flush=True)
+    try:
+        kw = {"workdir": args.workdir} if args.workdir else {}
+        handler = handler_cls(len(os.sched_getaffinity(0)), args.memory_mb or None, **kw)
+        shared = {"serial": threading.Lock(), "turns": _NoLock() if handler.concurrent else threading.Lock(),
+                  "load_s": None}
+        if args.tables:
+            tables = json.loads(Path(args.tables).read_text())
+            shared["load_s"] = _load(handler, tables)
+            print(f"loaded {len(tables.get('sources', tables))} tables in {shared['load_s']:.2f} s", flush=True)
+    except Refused as e:
+        print(f"{REFUSED} {json.dumps({'message': e.message, 'hint': e.hint})}", flush=True)
+        return 2
     path = args.socket
     if os.path.exists(path):
         os.unlink(path)
