@@ -413,6 +413,27 @@ def test_bad_input_missing_server_binary(tag, tmp_path):
     _nothing_started(env, value, before)
 
 
+def test_a_failing_initdb_leaves_nothing(tag, tmp_path, monkeypatch):
+    """A benchmark's start that fails before any server runs (initdb exits 1) removes the deployment's
+    directory itself (a benchmark's journal is its own: committed once everything was stopped)."""
+    from tilewise.errors import TilewiseError
+
+    env, value = tag
+    before = roots()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "postgres").symlink_to(home.bindir() / "postgres")
+    (bindir / "initdb").write_text("#!/bin/sh\necho 'initdb: error: no space left on device' >&2\nexit 1\n")
+    (bindir / "initdb").chmod(0o755)
+    monkeypatch.setenv(home.BIN_VAR, str(bindir))
+    p = plan.plan(topology.load(None), "wim")
+    rt = engines.get("postgres").runtime_class()()
+    with pytest.raises(TilewiseError, match="initdb"):  # as root the server's user may not even reach it
+        rt.start(p, memory_mb={i.id: 512 for i in p.instances})
+    assert roots() <= before
+    assert not wait_gone(TAG, value, 5)
+
+
 @pytest.mark.root
 def test_bad_input_root_without_a_user(tag):
     env, value = tag

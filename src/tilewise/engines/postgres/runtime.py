@@ -139,6 +139,7 @@ class PostgresServers(ProcessCluster):
         self._inflight: dict[int, int] = {}
         self._route = threading.Lock()
         self._user: home.RunAs | None = None
+        self._roots: set[str] = set()  # the directories this process made (members record theirs too)
 
     # ---- where things are -----------------------------------------------------------------------
     @property
@@ -170,6 +171,7 @@ class PostgresServers(ProcessCluster):
                                 "present", lock=False)
         try:
             root.mkdir(mode=0o711)
+            self._roots.add(str(root))
             os.chmod(root, 0o711)  # the server's user enters, lists nothing
         except OSError as e:
             raise UsageError(f"cannot create PostgreSQL's data directory {root}: {e.strerror or e}",
@@ -709,7 +711,7 @@ class PostgresServers(ProcessCluster):
 
     def _clean_up(self, servers: list[Member]) -> list[str]:
         problems = []
-        roots = {m.extra.get("server_root") for m in servers if m.extra.get("server_root")}
+        roots = {m.extra.get("server_root") for m in servers if m.extra.get("server_root")} | self._roots
         for m in servers:
             data = m.extra.get("data_dir")
             if data and Path(data, "postmaster.pid").exists():
