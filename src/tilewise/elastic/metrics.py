@@ -4,8 +4,9 @@
   the CPU time all threads of the target's process tree ran during the interval, divided by
   (interval x allocated CPUs). Per-thread run time comes from /proc/PID/task/TID/schedstat
   (nanoseconds), or from utime+stime in .../stat (clock ticks) where schedstat is missing.
-- pages: resident pages per NUMA node of the target's processes, from /proc/PID/numa_maps
-  (the adaptive mode's priority queue).
+- pages: resident pages per NUMA node of the target's process tree, from /proc/PID/numa_maps
+  (the adaptive mode's priority queue): private memory summed over the processes, shared memory
+  (mapped by several processes of the tree) counted once.
 - traffic: the remote/local memory traffic ratio needs memory-controller hardware counters
   (uncore IMC on Intel, DF/UMC on AMD). Where they are absent it is reported unavailable with
   the reason; it is never estimated.
@@ -220,31 +221,94 @@ class ProcFS:
         cache.sweep()
         return out
 
-    def numa_pages(self, pid: int) -> dict[int, int]:
-        """Pages per NUMA node summed over the mappings of /proc/PID/numa_maps."""
-        sums: dict[bytes, int] = {}
+    def _read_all(self, path: str) -> bytes | None:
         try:
-            fd = os.open(f"{self.root}/{pid}/numa_maps", os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except OSError:
-            return {}
+            return None
         try:
             chunks = []
             while True:
                 b = os.read(fd, 1 << 20)
                 if not b:
-                    break
+                    return b"".join(chunks)
                 chunks.append(b)
         except OSError:
-            return {}
+            return None
         finally:
             os.close(fd)
+
+    def numa_pages(self, pid: int) -> dict[int, int]:
+        """Pages per NUMA node summed over the mappings of /proc/PID/numa_maps."""
+        raw = self._read_all(f"{self.root}/{pid}/numa_maps")
+        if raw is None:
+            return {}
+        sums: dict[bytes, int] = {}
         # findall on the raw bytes: a quarter of a match loop's time on a large process's maps
-        for node, pages in _NODE_RE.findall(b"".join(chunks)):
+        for node, pages in _NODE_RE.findall(raw):
             sums[node] = sums.get(node, 0) + int(pages)
         return {int(n): c for n, c in sums.items()}
 
+    def numa_mappings(self, pid: int) -> tuple[dict[int, int], dict[tuple, dict[int, int]]]:
+        """/proc/PID/numa_maps split in two: (private anonymous memory per node (heap, stacks: the
+        process's own), {object: its pages per node} for each mapping of a file or of shared memory
+        (a server's shared buffers, a library), whose pages several processes of a tree map). An
+        object is (device, inode, offset) from /proc/PID/maps."""
+        raw = self._read_all(f"{self.root}/{pid}/numa_maps")
+        if raw is None:
+            return {}, {}
+        objects = {}
+        for start, offset, dev, inode in _MAPS_RE.findall(self._read_all(f"{self.root}/{pid}/maps") or b""):
+            if inode != b"0":
+                objects[int(start, 16)] = (dev.decode(), int(inode), int(offset, 16))
+        private = self.numa_pages(pid) if not objects else {}
+        shared: dict[tuple, dict[int, int]] = {}
+        if objects:
+            sums: dict[bytes, int] = {}
+            for node, pages in _NODE_RE.findall(raw):  # everything, then the shared lines taken out
+                sums[node] = sums.get(node, 0) + int(pages)
+            private = {int(n): c for n, c in sums.items()}
+            for start, rest in _NUMA_LINE_RE.findall(raw):
+                obj = objects.get(int(start, 16))
+                if obj is None:
+                    continue
+                nodes = shared.setdefault(obj, {})
+                for n, c in _NODE_RE.findall(b" " + rest):
+                    n, c = int(n), int(c)
+                    nodes[n] = nodes.get(n, 0) + c
+                    private[n] -= c
+        return private, shared
+
+    def tree_pages(self, pids) -> dict[int, int]:
+        """Resident pages per node of a process tree, each page counted once (tree_pages())."""
+        return tree_pages([self.numa_mappings(p) for p in pids])
+
 
 _NODE_RE = re.compile(rb" N(\d+)=(\d+)")  # tokens are space-separated; the first is an address
+_NUMA_LINE_RE = re.compile(rb"^([0-9a-f]+) (.*)$", re.M)
+_MAPS_RE = re.compile(rb"^([0-9a-f]+)-[0-9a-f]+ \S+ ([0-9a-f]+) ([0-9a-f]+:[0-9a-f]+) (\d+)", re.M)
+
+
+def tree_pages(per_process: list[tuple[dict[int, int], dict[tuple, dict[int, int]]]]) -> dict[int, int]:
+    """Pages per NUMA node of a process tree (the adaptive mode's priority queue) from each
+    process's (private, shared) pages (ProcFS.numa_mappings): private memory summed over the
+    processes; a shared object (a postmaster's shared buffers that every backend maps, a library)
+    counted once, with per node the most any one process has mapped (a lower bound of their
+    union: numa_maps counts the pages in each process's own page tables, not which ones)."""
+    total: dict[int, int] = {}
+    objects: dict[tuple, dict[int, int]] = {}
+    for private, shared in per_process:
+        for n, c in private.items():
+            total[n] = total.get(n, 0) + c
+        for obj, nodes in shared.items():
+            seen = objects.setdefault(obj, {})
+            for n, c in nodes.items():
+                if c > seen.get(n, 0):
+                    seen[n] = c
+    for nodes in objects.values():
+        for n, c in nodes.items():
+            total[n] = total.get(n, 0) + c
+    return {n: c for n, c in sorted(total.items()) if c > 0}
 
 
 def cgroup_tasks(path: str) -> list[int]:
