@@ -181,6 +181,29 @@ def verify(pid: int, b: Binding, *, allocator_wait_s: float = 0.5, proc: str = "
     return v
 
 
+def verify_tree(pid: int, b: Binding, *, proc: str = "/proc") -> dict:
+    """Every process of pid's tree (pid and its descendants: a postmaster's backends and workers,
+    which inherit its CPUs, memory policy and preloaded allocator at fork) read back against b.
+    A summary for results: processes, how many verified, the allocator mapped in how many, and
+    one line per process that is not as bound."""
+    table = procs.scan(proc)
+    pids = [pid, *sorted(procs.descendants([pid], table))]
+    verified, unchecked, mapped, problems = 0, 0, 0, []
+    for p in pids:
+        v = verify(p, b, allocator_wait_s=0.0, proc=proc)
+        if v.state == VERIFIED:
+            verified += 1
+        elif v.ok:
+            unchecked += 1
+        else:
+            st = table.get(p)
+            problems.append(f"pid {p} ({st.comm if st else '?'}): " + "; ".join(v.problems))
+        mapped += bool(v.allocator_loaded)
+    return {"root": pid, "processes": len(pids), "verified": verified, "not_checkable": unchecked,
+            "allocator": b.allocator, "allocator_mapped": mapped if allocators.find_library(b.allocator) else None,
+            "problems": problems}
+
+
 def check_gpu(pid: int, uuid: str, proc: str = "/proc", nvml=None) -> Check:
     """A GPU tile's process: its environment shows only its GPU, and, where NVML is present and the
     process has a CUDA context, NVML sees it on that GPU and no other. nvml: devices.process_gpus."""
