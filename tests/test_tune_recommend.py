@@ -116,3 +116,9 @@ def test_mean_ratio_interval_combines_the_queries_noise():
     assert S.mean_ratio_ci([([1.0], [0.5])])["ci95"] is None  # one run: no interval
     cmp = S.compare_set({"a": [1.0, 1.01], "b": [1.0, 1.01]}, {"a": [0.5, 0.51], "b": [2.0, 2.02]})
     assert cmp["faster"] == ["a"] and cmp["slower"] == ["b"]
+
+
+def test_an_unstable_machine_is_said_with_the_advice():
+    rec = recommend(DEFAULT, [Candidate("jemalloc", JEMALLOC, times(0.8))],
+                    Facts(numa_nodes=2, cautions=("load average 14 on 2 CPU(s): measure on a quiet machine",)))
+    assert rec.changed and "caution: load average 14 on 2 CPU(s): measure on a quiet machine" in rec.reasons

@@ -1,27 +1,32 @@
-"""`tilewise bench elastic`: TPC-H Q6 / mixed clients on one engine process (DuckDB by default), with and
-without the elastic allocator."""
+"""`tilewise bench elastic`: TPC-H Q6 / mixed clients on one engine instance (DuckDB by default; a
+process tree such as PostgreSQL's server the same way), static (all cores) and with the elastic
+allocator; the use case is tilewise.elastic.experiment.run."""
 
 from __future__ import annotations
 
 import click
 
 from tilewise import engines
-from tilewise.cli.common import AT_LEAST_1, PERCENT, SECONDS, SEED, console, emit_json, json_option, topology_option
+from tilewise.cli.common import AT_LEAST_1, NON_NEGATIVE, PERCENT, SECONDS, SEED, console, emit_json, json_option, \
+    topology_option
 from tilewise.cli.engines import EngineChoice
-from tilewise.errors import UsageError
 
 
 @click.command("elastic")
 @click.option("--engine", "-e", default=engines.DEFAULT_BENCH, show_default=True,
               type=EngineChoice(lambda s: s.capabilities.replicas),
-              help="The DBMS process (engines whose instances are single processes, replicas).")
+              help="The DBMS: one instance of a replica engine (one process, or a server's process tree).")
 @click.option("--sf", default="0.1", show_default=True, help="TPC-H scale factor.")
 @click.option("--clients", "-c", type=AT_LEAST_1, default=4, show_default=True,
-              help="Concurrent clients (threads of tilewise querying the engine process).")
+              help="Concurrent clients (threads of tilewise querying the engine instance).")
 @click.option("--duration", type=SECONDS, default=10.0, show_default=True, help="Seconds each case runs its clients.")
-@click.option("--workloads", default="q6,mixed", show_default=True, help="q6 (every client loops Q6), mixed (random of the 22).")
+@click.option("--idle", type=NON_NEGATIVE, default=1.0, show_default=True,
+              help="Seconds without load before and after the clients: the load steps the reaction is measured on.")
+@click.option("--workloads", default="q6,mixed", show_default=True, help="q6 (every client loops Q6), mixed (random of the queries).")
+@click.option("--queries", "query_list", default=None, metavar="LIST",
+              help="The mixed workload's queries, e.g. 1,3,5-7 (default: all 22).")
 @click.option("--configs", default="os,dense,sparse,adaptive", show_default=True,
-              help="os = no allocator (all cores); dense/sparse/adaptive = the elastic daemon in that mode.")
+              help="os = static, no allocator (all cores); dense/sparse/adaptive = the elastic daemon in that mode.")
 @click.option("--interval", type=SECONDS, default=0.1, show_default=True, help="Daemon tick (s).")
 @click.option("--th-min", type=PERCENT, default=10.0, show_default=True,
               help="Release a core at or below this load (%).")
@@ -34,78 +39,43 @@ from tilewise.errors import UsageError
 @click.option("--no-plot", is_flag=True, help="Skip elastic.png.")
 @topology_option
 @json_option
-def bench_elastic(engine, sf, clients, duration, workloads, configs, interval, th_min, th_max, data_dir, out_dir,
-                  seed, no_plot, topology_src, as_json):
-    """N clients on one engine process (DuckDB by default): throughput, latency, CPU-seconds and
-    cores over time, without the allocator (os) and with it (dense, sparse, adaptive).
+def bench_elastic(engine, sf, clients, duration, idle, workloads, query_list, configs, interval, th_min, th_max, data_dir,
+                  out_dir, seed, no_plot, topology_src, as_json):
+    """N clients on one engine instance (DuckDB by default): throughput, latency, CPU-seconds, cores
+    allocated and used over time, and the reaction to a load step, static (os: every core) and with
+    the allocator (dense, sparse, adaptive). An instance that is a process tree (PostgreSQL's
+    postmaster and its backends) is managed whole, processes born during the run included.
 
     \b
     tilewise bench elastic --sf 0.1 --clients 4 --duration 10
+    tilewise bench elastic --engine postgres --sf 1 --workloads mixed --queries 1,3,5,6,10,12,14
     """
-    from tilewise import topology
-    from tilewise.benchmarks.tpch import data as tpch_data
     from tilewise.elastic import experiment as ex
-    from tilewise.environment import system_check
-    from tilewise.results import model, report
-    from tilewise.results.output import Writer
 
-    if th_min >= th_max:
-        raise UsageError(f"--th-min must be below --th-max (got {th_min:g}, {th_max:g})")
-    spec = engines.get(engine)
-    why = spec.missing()
-    if why:
-        raise UsageError(f"{spec.title} cannot run here: {why}")
-    wl = ex.check_choice(workloads, ex.WORKLOADS, "workload")
-    cf = ex.check_choice(configs, ex.CONFIGS, "config")
-    sf_v = tpch_data.check_sf(sf)
-    t = topology.load(topology_src)
-    if not topology.is_live(t):
-        raise UsageError("bench elastic runs processes: it needs this machine's topology", "drop --topology")
-    writer = Writer(out_dir, plots=False)
-    out = writer.dir
-    say = console(stderr=True)
-    data = tpch_data.ensure_data(sf_v, data_dir)
-    threads = len(__import__("os").sched_getaffinity(0))
-    params = {"engine": spec.name, "sf": sf_v, "clients": clients, "duration_s": duration, "interval_s": interval,
-              "th_min": th_min, "th_max": th_max, "duckdb_threads": threads, "seed": seed,
-              "workloads": wl, "configs": cf}
-    doc = model.new("elastic", topo=t, engines={spec.name: spec.version()}, allocator="system",
-                    system_check=system_check(numa_nodes=len(t.cpu_nodes)), params=params)
-    doc.update({"notes": _notes(t), "cases": []})
-    try:
-        for w in wl:
-            tables, queries = ex.tables_for(w, data), ex.queries_for(w)
-            for c in cf:
-                if not as_json:
-                    say.print(f"{w} / {c}: {clients} clients for {duration:g} s ...", markup=False)
-                case = ex.run_case(config=c, workload=w, tables=tables, queries=queries, clients=clients,
-                                   duration=duration, interval=interval, topo=t, th_min=th_min, th_max=th_max,
-                                   threads=threads, log_path=out / "logs" / f"{w}-{c}.jsonl", seed=seed, spec=spec)
-                doc["cases"].append(case)
-                writer.write(doc)  # a late failure loses nothing
-    except BaseException as e:
-        model.stopped(doc, e)
-        writer.write(doc)
-        raise
-    model.finish(doc, complete=True)
-    writer.write(doc, plots=not no_plot)
-    if as_json:
-        emit_json({k: v for k, v in doc.items() if k != "cases"} |
-                  {"cases": [{k: v for k, v in c.items() if k != "raw"} for c in doc["cases"]]})
-        return
-    c = console(wide=True)
-    report.render(doc, c)
-    c.print(f"results: {out / 'results.json'}" + (f", plot: {doc['plots'][0]}" if doc.get("plots") else "")
-            + f", daemon logs: {out / 'logs'}", markup=False)
+    cfg = ex.Config(engine=engine, sf=sf, clients=clients, duration=duration, workloads=workloads, configs=configs,
+                    queries=query_list, interval=interval, th_min=th_min, th_max=th_max, idle=idle, data_dir=data_dir,
+                    out=out_dir, seed=seed, plots=not no_plot, topology_src=topology_src)
+    ex.run(cfg, _Reporter(as_json))
 
 
-def _notes(t) -> list[str]:
-    notes = []
-    if len(t.cpu_nodes) < 2:
-        notes.append("one NUMA node: dense, sparse and adaptive choose the same cores here; only the elastic "
-                     "sizing (how many cores) differs from os, not where they are")
-    if len(t.usable_cores()) <= 2:
-        notes.append(f"{len(t.usable_cores())} cores: the allocator can only move between 1 and "
-                     f"{len(t.usable_cores())} cores; the paper's gains (locality over 16+ cores, 4 sockets) cannot show")
-    notes.append("no hardware counters here: L3 misses, interconnect traffic and remote/local ratios are not measured")
-    return notes
+class _Reporter:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.err = console(stderr=True)
+
+    def message(self, text: str) -> None:
+        if not self.as_json:
+            self.err.print(text, markup=False)
+
+    def done(self, doc: dict) -> None:
+        if self.as_json:
+            return emit_json({k: v for k, v in doc.items() if k != "cases"} |
+                             {"cases": [{k: v for k, v in c.items() if k != "raw"} for c in doc["cases"]]})
+        from tilewise.results import report
+
+        c = console(wide=True)
+        report.render(doc, c)
+        files = doc.get("files") or {}
+        plots = doc.get("plots") or []
+        c.print(f"results: {files.get('json')}" + (f", plot: {plots[0]}" if plots else "")
+                + f", daemon logs: {files.get('logs')}", markup=False)

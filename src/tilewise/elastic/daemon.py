@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from tilewise import cpulist
 from tilewise.elastic import modes, petri
 from tilewise.elastic.enforce import Enforcer
-from tilewise.elastic.metrics import CpuMeter, FdCache, ProcFS, cgroup_tasks
+from tilewise.elastic.metrics import CLK_TCK, CpuMeter, FdCache, ProcFS, cgroup_tasks
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import stats as S
 
@@ -74,6 +74,10 @@ class PidTarget:
                         known.update(sub.values())
             self._tree = tree
         return self._tree
+
+    @property
+    def fds(self) -> FdCache:
+        return self._fds
 
     def close(self) -> None:
         self._fds.close()
@@ -320,6 +324,12 @@ class Daemon:
             rec = u.record(now - self.t0, load, res)
             rec["busy"] = round(m["busy"], 3)
             rec["threads"] = m["threads"]
+            if isinstance(u.target, PidTarget):  # a server's tree: its backends and workers come and go
+                pids = set(tasks.values())
+                rec["processes"] = len(pids)
+                # the tree's CPU so far, threads and children that ended included (clock ticks), beside
+                # u (per-thread schedstat: precise, but blind to a task born and gone within a tick)
+                rec["cpu_s"] = round(sum(self.proc.cpu_ticks(p, u.target.fds) or 0 for p in pids) / CLK_TCK, 3)
             out.append(rec)
         self.ticks += 1
         cost = self.thread_time() - c0

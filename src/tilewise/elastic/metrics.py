@@ -238,6 +238,16 @@ class ProcFS:
         finally:
             os.close(fd)
 
+    def cpu_ticks(self, pid: int, cache: FdCache | None = None) -> int | None:
+        """utime + stime + cutime + cstime of a process (clock ticks): its threads, the exited ones
+        included, and the children it has reaped. None when it is gone."""
+        try:
+            st = self._read(f"{self.root}/{pid}/stat", cache)
+            fields = st[st.rfind(")") + 2:].split()
+            return int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def numa_pages(self, pid: int) -> dict[int, int]:
         """Pages per NUMA node summed over the mappings of /proc/PID/numa_maps."""
         raw = self._read_all(f"{self.root}/{pid}/numa_maps")
@@ -376,3 +386,18 @@ def traffic_availability(sysfs_root: str = "/sys") -> tuple[bool, str]:
                        f"{what} on this machine")
     return False, (f"not measured: memory-controller PMUs found ({', '.join(sorted(memctl)[:4])}) but reading "
                    "remote/local traffic from them is not implemented yet; use --metric cpu")
+
+
+def tree_cpu_seconds(pid: int, proc: str = "/proc") -> float | None:
+    """CPU seconds a process tree has used so far, exited members included: for every live process
+    of the tree (pid and its descendants) its own user + system time and its reaped children's
+    (cutime + cstime: a postmaster that reaps a backend adds the backend's time to its own). None
+    when pid is gone."""
+    from tilewise import procs
+
+    table = procs.scan(proc)
+    if pid not in table:
+        return None
+    fs = ProcFS(proc)
+    ticks = [fs.cpu_ticks(p) for p in [pid, *procs.descendants([pid], table)]]
+    return sum(t for t in ticks if t is not None) / CLK_TCK  # one gone meanwhile: its parent has it once reaped

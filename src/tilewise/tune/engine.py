@@ -342,5 +342,7 @@ class _Sweep:
                 if r["status"] == "ok":
                     times[r["query"]].append(r["elapsed_s"])
             cands.append(recommend.Candidate(case["label"], c, times, case["failures"][0] if case["failures"] else None))
-        facts = recommend.Facts(len(self.topo.cpu_nodes), self.cfg.min_gain, self.cfg.max_slowdown)
+        check = self.doc["environment"].get("system_check") or {}
+        facts = recommend.Facts(len(self.topo.cpu_nodes), self.cfg.min_gain, self.cfg.max_slowdown,
+                                tuple(check.get("warnings") or ()))
         return recommend.recommend(cands[0], cands[1:], facts)

@@ -51,6 +51,7 @@ class Facts:
     numa_nodes: int = 1
     min_gain: float = MIN_GAIN
     max_slowdown: float = MAX_SLOWDOWN
+    cautions: tuple[str, ...] = ()  # what made the timings unstable (the system check): said with the advice
 
 
 @dataclass
@@ -109,7 +110,7 @@ def recommend(default: Candidate, candidates: Sequence[Candidate], facts: Facts 
     """The rules of the module docstring, applied to every candidate against the default."""
     verdicts: list[Verdict] = []
     qualified: list[tuple[Verdict, dict]] = []
-    notes: list[str] = []
+    notes: list[str] = [f"caution: {w}" for w in facts.cautions]
     if facts.numa_nodes < 2:
         notes.append("one NUMA node: memory policies and AutoNUMA place pages as the default does here; "
                      "their effects need a machine with several nodes")
