@@ -125,6 +125,18 @@ def state_env(tmp_path):
 
 
 @pytest.fixture
+def forking_env(tmp_path, state_env):
+    """The process-per-connection stand-in engine `forking` (tests/fixtures/forking_engine: a server
+    that forks a child per connection, the shape of PostgreSQL) and the SQLite engine it is built on,
+    on PYTHONPATH with their entry points, as `pip install` would leave them."""
+    site = tmp_path / "site"
+    shutil.copytree(FIXTURES / "engine_plugin", site)
+    shutil.copytree(FIXTURES / "forking_engine", site, dirs_exist_ok=True)
+    path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**state_env, "PYTHONPATH": path, "TILEWISE_TEST_TAG": str(tmp_path)}
+
+
+@pytest.fixture
 def sleeper():
     """A process of ours that sleeps (a target to bind, move or refuse)."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

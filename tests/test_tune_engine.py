@@ -7,12 +7,10 @@ SF 0.01, two queries, two or three runs: the figures mean nothing here, the mech
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import pytest
 
-from conftest import FIXTURES, run_cli, wait_gone
+from conftest import run_cli, wait_gone
 from tilewise import changes, plan, topology
 from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.errors import UsageError
@@ -28,16 +26,6 @@ def data_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("tpch-data")
     tpch_data.ensure_data(0.01, root)
     return root
-
-
-@pytest.fixture
-def forking_env(tmp_path, state_env):
-    """The stand-in engine (and the SQLite engine it is built on) on PYTHONPATH with their entry points."""
-    site = tmp_path / "site"
-    shutil.copytree(FIXTURES / "engine_plugin", site)
-    shutil.copytree(FIXTURES / "forking_engine", site, dirs_exist_ok=True)
-    path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {**state_env, "PYTHONPATH": path, "TILEWISE_TEST_TAG": str(tmp_path)}
 
 
 def test_tune_a_process_per_connection_engine_with_two_allocators(forking_env, data_root, tmp_path):

@@ -221,7 +221,10 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def status(self) -> list[InstanceStatus]:
-        """Per plan instance: pid, binding read back from /proc, health (a crashed instance is unhealthy)."""
+        """Per plan instance: pid, binding read back from /proc, health (a crashed instance is unhealthy).
+        The pid is the root of the instance's process tree: every process of the instance is it or a
+        descendant (a server's backends and workers), which is what `bench elastic`, `elastic
+        --instances` and `tune --engine` manage and verify."""
 
     def info(self, instance: int) -> dict:
         """The engine's settings of one instance as results record them: threads, memory_mb, load_s;
