@@ -200,6 +200,9 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
         raise UsageError(f"--runs must be >= 1, got {cfg.runs}")
     cfg.tests = parse_tests(cfg.tests)
     engine = engine or engines.get(cfg.engine)
+    why = engine.missing()
+    if why:  # before any data is generated or a server started: what to install
+        raise TilewiseError(f"{engine.title} cannot run here: {why}")
     if cfg.worker_memory:
         if engine.capabilities.memory is None:
             raise UsageError(f"--worker-memory sizes an engine's workers; {engine.name} has no memory setting",

@@ -24,6 +24,7 @@ first used, after the harness's clock stopped (docs/overhead.md).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import select
@@ -37,11 +38,12 @@ from typing import ClassVar
 from tilewise.binding import Binding
 from tilewise.engines.contract import ArrowRows, QueryResult
 from tilewise.engines.procgroup import ClusterError, Member, ProcessCluster
-from tilewise.engines.serve import READY, read_msg, write_msg
+from tilewise.engines.serve import READY, REFUSED, read_msg, write_msg
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
 
 READY_RE = re.compile(rf"(?:{READY}|tilewise duckdb server ready on) (\S+)")  # the second: servers of 0.x
+REFUSED_RE = re.compile(rf"^{re.escape(REFUSED)} (.*)$", re.M)
 SOCKET_MAX = 107  # sun_path holds 108 bytes including the NUL
 START_TIMEOUT_S = 300.0  # loading SF 10 takes a while on 2 cores
 
@@ -214,9 +216,11 @@ class Client:
 class ReplicaServers(ProcessCluster):
     """One server per instance (role "worker", its socket in extra["socket"]). Subclasses set
     server_module (run as ``python -m server_module``) and, where the engine writes its tables,
-    refresh_statements()."""
+    refresh_statements(); workdir = True gives each server a private directory for the engine's own
+    files (<root>/work/instance-N, its handler's `workdir`), removed with the deployment."""
 
     server_module: ClassVar[str]
+    workdir: ClassVar[bool] = False
     STOP_ORDER: ClassVar[dict[str, int]] = {"worker": 1}
     error_cls: ClassVar[type[TilewiseError]] = ServerError
     start_timeout_s: ClassVar[float] = START_TIMEOUT_S
@@ -253,6 +257,11 @@ class ReplicaServers(ProcessCluster):
                     argv += ["--memory-mb", str(memory_mb[inst.id])]
                 if tables_file:
                     argv += ["--tables", str(tables_file)]
+                if self.workdir:
+                    work = self.root / "work" / f"instance-{inst.id}"
+                    work.mkdir(parents=True, exist_ok=True)
+                    os.chmod(work, 0o700)
+                    argv += ["--workdir", str(work)]
                 m = self._spawn("worker", inst.id, argv, Binding.from_instance(inst, allocator),
                                 cores=len(inst.cpus), memory_mb=memory_mb.get(inst.id, 0), extra={"socket": str(path)})
                 self._verify_started(m)
@@ -261,12 +270,31 @@ class ReplicaServers(ProcessCluster):
             self.endpoint = str(sockdir)
             deadline = time.monotonic() + self.start_timeout_s
             for m in self.workers():  # every server loads its own copy, all at once
-                self.wait_log(m, READY_RE, max(1.0, deadline - time.monotonic()),
-                              "load the tables and listen" if tables_file else "listen")
+                try:
+                    self.wait_log(m, READY_RE, max(1.0, deadline - time.monotonic()),
+                                  "load the tables and listen" if tables_file else "listen")
+                except self.error_cls:
+                    self._raise_refused()
+                    raise
         except BaseException:
             if not self.detach:
                 self.stop()
             raise
+
+    def _raise_refused(self) -> None:
+        """A server that refused what it was given (serve.Refused) said why in its log: that is the error."""
+        for m in self.workers():
+            try:
+                with open(m.log, errors="replace") as f:
+                    hit = REFUSED_RE.search(f.read())
+            except OSError:
+                continue
+            if hit:
+                try:
+                    why = json.loads(hit.group(1))
+                except ValueError:
+                    continue
+                raise UsageError(f"{self.title} instance {m.instance}: {why.get('message')}", why.get("hint") or None)
 
     def close(self) -> None:
         with self._route:

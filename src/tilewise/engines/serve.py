@@ -1,8 +1,12 @@
 """The server side of a replica engine: one bound process per instance that loads the data set into
 its own memory and answers queries on a Unix socket. An engine supplies a Handler (its connection,
 how it loads tables, runs a query, applies a transaction); this module does the rest, the same for
-every engine: ``python -m <engine's server module> --socket PATH [--tables FILE] [--memory-mb N]``
-calls ``serve.main(Handler)``. The client is engines.replicas.
+every engine: ``python -m <engine's server module> --socket PATH [--tables FILE] [--memory-mb N]
+[--workdir DIR]`` calls ``serve.main(Handler)``. The client is engines.replicas.
+
+A server that cannot run with what it was given (a memory size the engine refuses, tables that do
+not fit in it) raises Refused from the handler: the server prints one line starting with REFUSED and
+exits with status 2 before it listens, and the runtime turns that line into the user's error.
 
 Wire format (both directions, on the socket): a message is an 8-byte header (two big-endian lengths:
 a pickled dict, then a raw payload, possibly empty) followed by both. Requests carry an "id" that
@@ -42,6 +46,7 @@ from pathlib import Path
 _HEAD = struct.Struct(">II")
 _MAX_IDLE = 2  # serving threads allowed to wait for the next request at once
 READY = "tilewise server ready on"  # the line a server prints when it accepts connections
+REFUSED = "tilewise server refused:"  # the line a server prints when it refuses what it was given
 
 
 # ---- the wire ----------------------------------------------------------------------------------
@@ -116,9 +121,20 @@ class Answer:
     rest: object | None = None  # a pyarrow.Table with the rows after `rows`, or None
 
 
+class Refused(Exception):
+    """What the server was given cannot work (raised by a handler's __init__ or load): the message
+    says what, the hint how to fix it (e.g. which option to change)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        self.message, self.hint = message, hint
+        super().__init__(f"{message}; {hint}" if hint else message)
+
+
 class Handler:
     """One engine inside its server process. Subclasses open the engine in __init__ and implement
-    load() and query(); execute() where the engine writes its tables (refresh functions)."""
+    load() and query(); execute() where the engine writes its tables (refresh functions). A handler
+    whose __init__ takes a `workdir` keyword gets the private directory its runtime made for the
+    engine's own files (ReplicaServers.workdir), removed with the deployment."""
 
     concurrent = True  # queries may run on several threads at once; False: they take turns
 
@@ -238,14 +254,20 @@ def main(handler_cls: type[Handler], argv: list[str] | None = None) -> int:
     ap.add_argument("--socket", required=True)
     ap.add_argument("--tables", default=None, help="JSON file: table -> Parquet path")
     ap.add_argument("--memory-mb", type=int, default=None)
+    ap.add_argument("--workdir", default=None, help="a private directory for the engine's own files")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    handler = handler_cls(len(os.sched_getaffinity(0)), args.memory_mb or None)
-    shared = {"serial": threading.Lock(), "turns": _NoLock() if handler.concurrent else threading.Lock(),
-              "load_s": None}
-    if args.tables:
-        tables = json.loads(Path(args.tables).read_text())
-        shared["load_s"] = _load(handler, tables)
-        print(f"loaded {len(tables)} tables in {shared['load_s']:.2f} s", flush=True)
+    try:
+        kw = {"workdir": args.workdir} if args.workdir else {}
+        handler = handler_cls(len(os.sched_getaffinity(0)), args.memory_mb or None, **kw)
+        shared = {"serial": threading.Lock(), "turns": _NoLock() if handler.concurrent else threading.Lock(),
+                  "load_s": None}
+        if args.tables:
+            tables = json.loads(Path(args.tables).read_text())
+            shared["load_s"] = _load(handler, tables)
+            print(f"loaded {len(tables)} tables in {shared['load_s']:.2f} s", flush=True)
+    except Refused as e:
+        print(f"{REFUSED} {json.dumps({'message': e.message, 'hint': e.hint})}", flush=True)
+        return 2
     path = args.socket
     if os.path.exists(path):
         os.unlink(path)
