@@ -122,3 +122,16 @@ def test_engine_options_are_checked(tmp_path):
     assert cp.returncode == 2 and "--records" in cp.stderr
     cp = run_cli("tune", "--engine", "duckdb", "--queries", "99", "--out", str(tmp_path))
     assert cp.returncode == 2 and "no TPC-H query 99" in cp.stderr
+
+
+def test_an_engine_linking_its_own_allocator_gets_none_preloaded():
+    """ClickHouse links jemalloc: chdb aborts under any preloaded allocator (measured), so the sweep
+    refuses one up front, and without --allocators sweeps only the engine's own."""
+    from tilewise import engines
+
+    ch = engines.get("clickhouse")
+    assert ch.capabilities.linked_allocator == "jemalloc"
+    with pytest.raises(UsageError, match="links its own allocator \\(jemalloc\\)"):
+        engine_tune.check_allocators(ch, ["system", "tcmalloc"])
+    engine_tune.check_allocators(ch, ["system"])
+    engine_tune.check_allocators(engines.get("duckdb"), ["system", "jemalloc"])

@@ -43,6 +43,11 @@ class Capabilities:
     join: bool = False  # workers can join a coordinator on another host (`tilewise join`)
     memory: MemoryKnob | None = None  # what --worker-memory sets, its minimum and default
     coordinator_memory: MemoryKnob | None = None  # what --coordinator-memory sets (a coordinator with its own heap)
+    # an allocator the engine links in itself (ClickHouse: jemalloc); None: it uses the C library's
+    # malloc, which a preloaded allocator (LD_PRELOAD) replaces. An engine with its own allocator
+    # aborts when another one is preloaded (memory one allocates, the other frees), so `tune
+    # --engine` sweeps no allocators for it and says why
+    linked_allocator: str | None = None
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,14 @@ def restart_key(c: knobs.Config) -> tuple:
     return (c.allocator, c.mem, tuple(c.mem_nodes), c.placement)
 
 
+def check_allocators(spec, allocs: list[str]) -> None:
+    own = spec.capabilities.linked_allocator
+    preload = [a for a in allocs if a != "system"]
+    if own and preload:
+        raise UsageError(f"{spec.title} links its own allocator ({own}): preloading {preload[0]} into it makes it abort "
+                         "(memory one allocator hands out, the other frees)", "use --allocators system")
+
+
 def check_placements(places: list[str], cores: int | None, base: planner.Plan) -> None:
     smallest = min(len(i.cpus) for i in base.instances)
     placed = [p for p in places if p != "none"]
@@ -127,7 +135,11 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     qids = bench.catalog.parse(cfg.queries)
     t = topology.load(None)
     base = planner.plan(t, cfg.policy)
+    own = spec.capabilities.linked_allocator
+    if own and cfg.allocators is None:
+        cfg = replace(cfg, allocators="system")  # nothing to preload into it: its own allocator is the default
     g = session.grid(cfg, t)
+    check_allocators(spec, g.allocs)
     check_placements(g.places, cfg.cores, base)
     osw = OsSwitches(cfg.os_root)
     keys = [k for k, vals in (("thp", g.thps), ("autonuma", g.autonuma)) if vals]
