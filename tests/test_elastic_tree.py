@@ -9,6 +9,7 @@ the same with a real PostgreSQL server where one is installed."""
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import subprocess
@@ -17,6 +18,7 @@ import time
 
 import pytest
 
+from conftest import run_cli
 from tilewise import topology
 from tilewise.elastic import daemon, enforce, modes, petri
 from tilewise.elastic.metrics import ProcFS, tree_pages
@@ -24,6 +26,7 @@ from tilewise.elastic.metrics import ProcFS, tree_pages
 FORKER = r"""
 import os, sys, time
 flag, out = sys.argv[1], sys.argv[2]
+spin = len(sys.argv) < 4  # "sleep": the child idles (the load stays low: the daemon keeps one core)
 print("ready", flush=True)
 while not os.path.exists(flag):
     time.sleep(0.005)
@@ -35,7 +38,8 @@ if pid == 0:  # the new "backend": resets its mask to every CPU, then works
     os.rename(out + ".tmp", out)
     t = time.perf_counter()
     while time.perf_counter() - t < 30:
-        pass
+        if not spin:
+            time.sleep(0.05)
     os._exit(0)
 os.waitpid(pid, 0)
 """
@@ -75,6 +79,11 @@ def test_a_child_born_after_the_start_is_bound_within_one_tick(tmp_path, state_d
             assert os.sched_getaffinity(child) == set(unit.cpus), "the new child was not bound within one tick"
             assert child in set(target.tasks(None).values())
             assert recs[-1]["threads"] == 2  # the parent's thread and the child's, measured this tick
+            assert recs[-1]["processes"] == 2 and recs[-1]["cpu_s"] >= 0
+            # one journal entry covers every process the tree gains; none is written per new process
+            journal = json.loads(unit.enforcer.session.journal.path.read_text())
+            kinds = [(c["target"]["kind"], c["target"].get("pid")) for c in journal["changes"]]
+            assert ("affinity-born-since", p.pid) in kinds and ("affinity", child) not in kinds, kinds
         assert not list(state_dir.glob("*.json"))  # restored: the child's mask was journaled and put back
         assert os.sched_getaffinity(child) == set(target.allowed_cpus())  # what the target had at the start
     finally:
@@ -134,3 +143,61 @@ def test_tree_pages_of_a_real_tree_count_the_shared_segment_once():
             os.kill(k, 9)
             os.waitpid(k, 0)
         seg.close()
+
+
+DAEMON = r"""
+import os, sys, time
+from tilewise import topology
+from tilewise.elastic import daemon, enforce, modes, petri
+pid, started, child_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+t = topology.load(None)
+target = daemon.PidTarget(pid, rescan_s=3600.0)
+pool = modes.make_pool(t, target.allowed_cpus())
+unit = daemon.Unit(target.name, pool, petri.NetConfig(10, 70, pool.n_total), "dense", target)
+unit.enforcer = enforce.choose("affinity", pid, None)
+d = daemon.Daemon([unit], interval=0.1)
+d.start()
+open(started, "w").close()
+while not os.path.exists(child_file):
+    time.sleep(0.01)
+time.sleep(0.1)
+d.tick()
+print("bound", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_restore_after_kill_9_gives_the_children_born_meanwhile_their_cpus_back(tmp_path):
+    """The daemon is killed hard after binding a child born during its run: `tilewise restore`
+    gives the target and that child (journaled only through the tree's one entry) every CPU back."""
+    flag, out, started = tmp_path / "fork", tmp_path / "child.pid", tmp_path / "started"
+    allowed = os.sched_getaffinity(0)
+    p = subprocess.Popen([sys.executable, "-c", FORKER, str(flag), str(out), "sleep"], stdout=subprocess.PIPE, text=True)
+    dmn = None
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        dmn = subprocess.Popen([sys.executable, "-c", DAEMON, str(p.pid), str(started), str(out)],
+                               stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        flag.touch()
+        assert dmn.stdout.readline().strip() == "bound"
+        child = int(out.read_text())
+        assert len(os.sched_getaffinity(child)) == 1 and len(os.sched_getaffinity(p.pid)) == 1
+        dmn.kill()
+        dmn.wait()
+        cp = run_cli("restore", "--json")
+        assert cp.returncode == 0, cp.stderr
+        assert os.sched_getaffinity(p.pid) == allowed
+        assert os.sched_getaffinity(child) == allowed, "the child born during the run was not given its CPUs back"
+    finally:
+        for proc in (dmn, p):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+        try:
+            os.kill(int(out.read_text()), 9)
+        except (OSError, ValueError):
+            pass
