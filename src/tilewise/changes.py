@@ -32,6 +32,7 @@ import itertools
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -406,6 +407,41 @@ class StartedProcess(Target):
 
     def to_json(self) -> dict:
         return {"pid": self.pid, "start": self.start, "token": self.token, "var": self.var, "name": self.name}
+
+
+@kind
+@dataclass(frozen=True)
+class CreatedDirectory(Target):
+    """A directory tilewise created for a run (a server's data directories): undoing its creation
+    removes it with everything in it. Journaled before it is made, so `tilewise restore` removes
+    what a killed run left. Value: "present" / "absent"."""
+
+    kind: ClassVar[str] = "directory"
+    path: str = ""
+    name: str = ""
+
+    def lock_key(self) -> str:
+        return f"directory:{self.path}"
+
+    def describe(self, key: str) -> str:
+        return f"{self.name or 'directory'} {self.path}"
+
+    def get(self, key: str) -> str:
+        return "present" if os.path.lexists(self.path) else "absent"
+
+    def set(self, key: str, value: str) -> None:
+        if value == "present":
+            raise OSError(22, "a removed directory cannot be brought back by undo")
+        if not os.path.isabs(self.path) or os.path.realpath(self.path) == "/":
+            raise OSError(22, f"refusing to remove {self.path!r}")
+        if os.path.lexists(self.path):
+            shutil.rmtree(self.path)
+
+    def needs(self, key: str, value: Any) -> Needs:
+        return Needs(writes=(os.path.dirname(self.path.rstrip("/")) or "/",))
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "name": self.name}
 
 
 # ---- changes and owners --------------------------------------------------------------------------

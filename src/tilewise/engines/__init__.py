@@ -20,6 +20,7 @@ REGISTRY: Registry[EngineSpec] = Registry("engine", "tilewise.engines", {
     "spark": "tilewise.engines.spark",
     "trino": "tilewise.engines.trino",
     "clickhouse": "tilewise.engines.clickhouse",
+    "postgres": "tilewise.engines.postgres",
 })
 # the engine a command uses when none is named: benchmarks run embedded DuckDB; `up` starts the
 # distributed engine users most often connect their own jobs to

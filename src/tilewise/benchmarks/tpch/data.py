@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from tilewise.benchmarks.spec import Data, scale_factor
-from tilewise.data import TABLES, Dataset, store, table_paths  # noqa: F401 - table_paths is part of this module's API
+from tilewise.data import TABLES, TPCH_KEYS, Dataset, store, table_paths  # noqa: F401 - table_paths is part of this module's API
 
 TITLE = "TPC-H"
 
@@ -78,7 +78,8 @@ def ensure_data(sf: float, data_dir: str | Path | None = None, *, log=None, prog
 
 def dataset(sf: float, data_dir: str | Path | None = None, *, log=None, progress=None) -> Dataset:
     """The TPC-H data set at scale factor sf, generated first if needed."""
-    return Dataset("tpch", check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress), title=TITLE)
+    return Dataset("tpch", check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress), title=TITLE,
+                   keys=TPCH_KEYS)
 
 
 class _Data(Data):
