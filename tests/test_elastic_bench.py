@@ -38,13 +38,13 @@ def test_bench_elastic_tiny(tmp_path):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_bench_elastic_manages_a_process_per_connection_server(tmp_path, forking_env):
+def test_bench_elastic_manages_a_process_per_connection_server(tmp_path, forking_env, tpch_sf001):
     """The instance is a process tree (the stand-in forks a child per connection, which runs the
     queries): the daemon manages the child too, the CPU it used is counted, the load steps are timed."""
     out = tmp_path / "out"
     cp = run_cli("bench", "elastic", "--engine", "forking", "--sf", "0.01", "--clients", "2", "--duration", "1.5",
                  "--idle", "0.5", "--workloads", "mixed", "--queries", "1,6", "--configs", "os,dense", "--out", str(out),
-                 "--data-dir", str(tmp_path / "data"), "--json", env=forking_env, timeout=240)
+                 "--data-dir", str(tpch_sf001), "--json", env=forking_env, timeout=240)
     assert cp.returncode == 0, cp.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     assert doc["params"]["engine"] == "forking" and doc["params"]["queries"] == [1, 6]

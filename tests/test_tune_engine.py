@@ -12,7 +12,6 @@ import pytest
 
 from conftest import run_cli, wait_gone
 from tilewise import changes, plan, topology
-from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.errors import UsageError
 from tilewise.tune import engine as engine_tune
 from tilewise.tune import knobs
@@ -21,11 +20,9 @@ from tilewise.tune.os_switches import SWITCHES
 THP = "sys/kernel/mm/transparent_hugepage/enabled"
 
 
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tpch-data")
-    tpch_data.ensure_data(0.01, root)
-    return root
+@pytest.fixture
+def data_root(tpch_sf001):
+    return tpch_sf001
 
 
 def test_tune_a_process_per_connection_engine_with_two_allocators(forking_env, data_root, tmp_path):
