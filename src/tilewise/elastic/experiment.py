@@ -71,21 +71,6 @@ class Reporter:
     def done(self, doc: dict) -> None: ...
 
 
-@dataclass(frozen=True)
-class Tables:
-    """The tables a workload needs (the engine loads only those), as the runtime reads a data set."""
-
-    dir: Path
-    tables: dict[str, Path]
-
-    @property
-    def label(self) -> str:
-        return f"{', '.join(self.tables)} from {self.dir}"
-
-    def to_json(self) -> dict:
-        return {"dir": str(self.dir), "tables": sorted(self.tables)}
-
-
 def _clients(runtime, queries: dict[int, str], clients: int, duration: float, seed: int, root: int) -> dict:
     """N client threads, each looping over its queries on instance 0 until the duration is over."""
     from tilewise.elastic.metrics import tree_cpu_seconds
@@ -134,14 +119,15 @@ def check_engine(spec: EngineSpec) -> None:
                          "use an engine whose instances are replicas (tilewise engines list)")
 
 
-def run_case(*, config: str, workload: str, tables: dict, queries: dict, clients: int, duration: float,
+def run_case(*, config: str, workload: str, data, queries: dict, clients: int, duration: float,
              interval: float, topo, th_min: float, th_max: float, log_path: Path | None, seed: int = 1,
              spec: EngineSpec | None = None, idle: float = 0.0) -> dict:
+    """One case on `data` (a TPC-H Dataset: the engine loads all of it, as paper 002's database
+    held the whole TPC-H set for its Q6 runs too)."""
     from tilewise.elastic import daemon, enforce, modes, petri
 
     spec = spec or engines.get(engines.DEFAULT_BENCH)
     check_engine(spec)
-    data = Tables(Path(next(iter(tables.values()))).parent, {k: Path(v) for k, v in tables.items()})
     texts = {n: spec.sql(sql, Query("tpch", n, 0, f"q{int(n):02d}")) for n, sql in queries.items()}
     whole = planner.plan(topo, "wim", smt=True)  # one instance on every allowed CPU (the allocator trims it)
     recs: list[dict] = []
@@ -285,15 +271,6 @@ def _time_weighted(timeline: list, wall: float, first: float = 1.0) -> float:
     return total / wall if wall > 0 else float(prev_n)
 
 
-def tables_for(workload: str, data: Path) -> dict:
-    from tilewise.data import table_paths
-
-    paths = table_paths(data)
-    if workload == "q6":
-        return {"lineitem": str(paths["lineitem"])}
-    return {k: str(v) for k, v in paths.items()}
-
-
 def queries_for(workload: str, selection: str | None = None) -> dict:
     from tilewise.benchmarks.tpch import queries
 
@@ -324,7 +301,7 @@ def notes(t) -> list[str]:
 
 def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     """Every workload x configuration; the results document (written after each case)."""
-    from tilewise import topology
+    from tilewise import benchmarks, topology
     from tilewise.benchmarks.tpch import data as tpch_data
     from tilewise.environment import system_check
 
@@ -347,7 +324,7 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
         raise UsageError("bench elastic runs processes: it needs this machine's topology", "drop --topology")
     writer = Writer(cfg.out, plots=False)
     out = writer.dir
-    data = tpch_data.ensure_data(sf, cfg.data_dir)
+    data = benchmarks.get("tpch").data.dataset(sf, cfg.data_dir, log=rep.message)
     params = {"engine": spec.name, "sf": sf, "clients": cfg.clients, "duration_s": cfg.duration,
               "interval_s": cfg.interval, "th_min": cfg.th_min, "th_max": cfg.th_max, "idle_s": cfg.idle,
               "threads": len(os.sched_getaffinity(0)), "seed": cfg.seed, "workloads": wl, "configs": cf,
@@ -357,11 +334,10 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     doc.update({"notes": notes(t), "cases": []})
     try:
         for w in wl:
-            tables = tables_for(w, data)
             for c in cf:
                 rep.message(f"{w} / {c}: {cfg.idle:g} s idle, {cfg.clients} clients for {cfg.duration:g} s, "
                             f"{cfg.idle:g} s idle ...")
-                case = run_case(config=c, workload=w, tables=tables, queries=query_sets[w], clients=cfg.clients,
+                case = run_case(config=c, workload=w, data=data, queries=query_sets[w], clients=cfg.clients,
                                 duration=cfg.duration, interval=cfg.interval, topo=t, th_min=cfg.th_min,
                                 th_max=cfg.th_max, log_path=out / "logs" / f"{w}-{c}.jsonl", seed=cfg.seed, spec=spec,
                                 idle=cfg.idle)
