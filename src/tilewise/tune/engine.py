@@ -155,8 +155,8 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(g.cases):
         groups.setdefault(restart_key(c), []).append(i)
-    params = {"engine": spec.name, "benchmark": bench.name, "benchmark_title": bench.title, "sf": sf, "queries": list(texts), "policy": base.policy,
-              "cores": cfg.cores, "repeat": cfg.repeat, "warmup": cfg.warmup, "timeout_s": cfg.timeout,
+    params = {"engine": spec.name, "benchmark": bench.name, "benchmark_title": bench.title, "sf": sf,
+              "queries": list(texts), "policy": base.policy, "cores": cfg.cores, "repeat": cfg.repeat, "warmup": cfg.warmup, "timeout_s": cfg.timeout,
               "min_gain": cfg.min_gain, "max_slowdown": cfg.max_slowdown,
               "grid": {"allocators": g.allocs, "mem": [knobs.Config(mem=m, mem_nodes=n).mem_label() for m, n in g.mems],
                        "placements": g.places, "thp": g.thps, "autonuma": g.autonuma, "cases": len(g.cases),

@@ -130,8 +130,9 @@ def render(doc: TuneEngineDoc, out) -> None:
         return
     base = doc.cases[0]
     changes = doc.changes()
-    cols = ["query", f"default ms ({base.label})"] + [c.label for c, _ in changes]
-    tab = T.table("latency change against the default, % [95 % CI] (negative: faster)", cols, left=("query",))
+    cols = ["query", "default ms"] + [c.label for c, _ in changes]
+    tab = T.table(f"latency change against the default ({base.label}: median ms), % [95 % CI] (negative: faster)",
+                  cols, left=("query",))
     base_t = base.times()
     for q in doc.queries:
         med = stats.summarize(base_t.get(q, []))["median"]
@@ -148,7 +149,8 @@ def render(doc: TuneEngineDoc, out) -> None:
         for v in s.verification_after or s.verification:
             mapped = v.get("allocator_mapped")
             if v.get("processes"):
-                unchecked = f" ({v['not_checkable']} not checkable)" if v.get("not_checkable") else ""
+                unchecked = (f" ({v['not_checkable']} not checkable" + (f": {v['unchecked'][0]}" if v.get("unchecked") else "")
+                             + ")") if v.get("not_checkable") else ""
                 out.print(f"start {s.allocator}/{s.mem}/{s.placement}: instance {v.get('instance')}: "
                           f"{v.get('verified')} of {v['processes']} process(es) verified{unchecked}"
                           + (f", {s.allocator} mapped in {mapped}" if mapped is not None else "")
