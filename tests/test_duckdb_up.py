@@ -69,3 +69,26 @@ def test_up_status_query_elastic_down(env):
     assert dn.returncode == 0, dn.stderr
     assert not wait_gone("TILEWISE_CLUSTER_DIR", d), "DuckDB servers left after down"
     assert not list(Path(d).glob("*.json")) and not (Path(d) / "db").exists()
+
+
+def test_a_refused_connection_to_a_dead_server_says_how_it_ended(tmp_path):
+    """A client connecting after its server was killed names the pid and the signal, not 'refused'."""
+    import subprocess
+    import sys
+    import time
+
+    from tilewise import procs
+    from tilewise.binding import Binding
+    from tilewise.engines.procgroup import Member
+    from tilewise.engines.replicas import Client, InstanceDied, ServerError
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    m = Member("worker", 0, p.pid, time.time(), Binding(cpus=sorted(os.sched_getaffinity(0))), "", proc=p,
+               start=procs.stat(p.pid).start)
+    path = str(tmp_path / "gone.sock")
+    with pytest.raises(ServerError, match="cannot connect"):  # alive but not listening: the plain error
+        Client(path, 0, "DuckDB", m).connect(timeout_s=1)
+    p.kill()
+    p.wait()
+    with pytest.raises(InstanceDied, match=rf"DuckDB instance 0 \(pid {p.pid}\) was killed by SIGKILL"):
+        Client(path, 0, "DuckDB", m).connect(timeout_s=1)

@@ -166,16 +166,18 @@ def test_hwloc_xml_any_document(text):
 
 def test_hwloc_xml_any_depth():
     depth = 20000
-    body = '<object type="Group">' * depth + '<object type="PU" os_index="0"/>' + "</object>" * depth
-    text = (f'<topology version="2.0"><object type="Machine" os_index="0">'
-            f'<object type="NUMANode" os_index="0" local_memory="1024"/>{body}</object></topology>')
+    sets = 'cpuset="0x1" complete_cpuset="0x1" nodeset="0x1" complete_nodeset="0x1"'
+    body = f'<object type="Group" {sets}>' * depth + f'<object type="PU" os_index="0" {sets}/>' + "</object>" * depth
+    text = (f'<topology version="2.0"><object type="Machine" os_index="0" {sets}>'
+            f'<object type="NUMANode" os_index="0" local_memory="1024" {sets}/>{body}</object></topology>')
     t = hwloc_xml.load("deep.xml", text=text)  # no RecursionError
     assert t.pus == (0,)
 
 
 @pytest.mark.parametrize("attr", ['os_index="x"', 'os_index="-1"', 'os_index="' + "9" * 40 + '"', 'os_index="²"'])
 def test_hwloc_xml_malformed_attribute_is_one_line(attr):
-    text = ('<topology version="2.0"><object type="Machine"><object type="NUMANode" os_index="0"/>'
-            f'<object type="Core" os_index="0"><object type="PU" {attr}/></object></object></topology>')
+    sets = 'cpuset="0x1" complete_cpuset="0x1" nodeset="0x1" complete_nodeset="0x1"'
+    text = (f'<topology version="2.0"><object type="Machine" {sets}><object type="NUMANode" os_index="0" {sets}/>'
+            f'<object type="Core" os_index="0" {sets}><object type="PU" {attr} {sets}/></object></object></topology>')
     with pytest.raises(UsageError, match="malformed os_index"):
         hwloc_xml.load("bad.xml", text=text)

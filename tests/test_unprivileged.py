@@ -1,8 +1,9 @@
 """tilewise as an unprivileged user: every command gives a working result or one honest line.
 
-The commands run through `setpriv` as `nobody` (uid 65534, no capabilities, no supplementary
-groups) with a private HOME and XDG_RUNTIME_DIR in a fresh directory of /tmp made theirs, so the
-default state and cache directories of a plain user are used (not the suite's TILEWISE_STATE_DIR).
+The commands run through `setpriv` as `nobody` (uid 65534; on a machine without that account, a
+uid that has none), with no capabilities and no supplementary groups, a private HOME and
+XDG_RUNTIME_DIR in a fresh directory of /tmp made theirs, so the default state and cache
+directories of a plain user are used (not the suite's TILEWISE_STATE_DIR).
 "Another user" is a second uid with no account (as a PostgreSQL server's `postgres` is to its
 users). Needs root to switch users: skipped with the reason otherwise, and where `nobody` cannot
 reach a Python with tilewise's dependencies (the suite's interpreter, or the system's of the same
@@ -30,6 +31,7 @@ import psutil
 import pytest
 
 from tilewise import cpulist
+from tilewise.admission import user_name
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -48,7 +50,11 @@ if libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()) != 0:  # no ca
     raise OSError(ctypes.get_errno(), "capset")
 libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/PID readable as for any process of uid
 print("ready", flush=True)
-time.sleep(float(sys.argv[2]))
+# fork once the controller has acted on us (its first mask), so that the root child joins mid-run
+# however long tilewise takes to start; argv[2]: the longest wait
+start, deadline = os.sched_getaffinity(0), time.monotonic() + float(sys.argv[2])
+while os.sched_getaffinity(0) == start and time.monotonic() < deadline:
+    time.sleep(0.02)
 pid = os.fork()
 if pid == 0:
     os.setresuid(0, 0, 0)  # the new child is root's (without capabilities): not the user's to re-bind
@@ -66,9 +72,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
 class User:
     def __init__(self, uid: int, gid: int, home: Path, python: str, pythonpath: str) -> None:
         self.uid, self.gid, self.home, self.python = uid, gid, home, python
+        self.name = user_name(uid)  # as tilewise names it: "nobody", or "uid N" without an account
         # the suite's venv bin on PATH, as in a user's activated venv (tpchgen-cli lives there)
         self.env = {"HOME": str(home), "XDG_RUNTIME_DIR": str(home / "run"), "PATH": f"{Path(sys.prefix) / 'bin'}:{PATH}",
-                    "PYTHONPATH": pythonpath, "NO_COLOR": "1", "LANG": "C.UTF-8", "USER": "nobody"}
+                    "PYTHONPATH": pythonpath, "NO_COLOR": "1", "LANG": "C.UTF-8", "USER": self.name}
 
     def argv(self, *args: str) -> list[str]:
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--inh-caps=-all", *args]
@@ -105,22 +112,37 @@ def _interpreter(uid: int, gid: int, home: Path) -> tuple[str, str] | str:
     return "no Python with tilewise's dependencies that nobody can run (" + "; ".join(tried) + ")"
 
 
-@pytest.fixture(scope="module")
-def user():
+def _throwaway_ids() -> tuple[int, int]:
+    """nobody's uid and gid; on a machine without that account, a uid that has none (setpriv needs
+    no account: the user exists for as long as its processes do)."""
     try:
         pw = pwd.getpwnam("nobody")
+        return pw.pw_uid, pw.pw_gid
     except KeyError:
-        pytest.skip("no user 'nobody' on this machine")
+        pass
+    for uid in range(65532, 60000, -1):
+        if uid == OTHER_UID:
+            continue
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid, uid
+    pytest.skip("no free uid for a throwaway user")
+
+
+@pytest.fixture(scope="module")
+def user():
+    uid, gid = _throwaway_ids()
     home = Path(tempfile.mkdtemp(prefix="tilewise-unprivileged-"))
     try:
         (home / "run").mkdir()
         for d in (home, home / "run"):
-            os.chown(d, pw.pw_uid, pw.pw_gid)
+            os.chown(d, uid, gid)
             d.chmod(0o700)
-        got = _interpreter(pw.pw_uid, pw.pw_gid, home)
+        got = _interpreter(uid, gid, home)
         if isinstance(got, str):
             pytest.skip(got)
-        yield User(pw.pw_uid, pw.pw_gid, home, *got)
+        yield User(uid, gid, home, *got)
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
@@ -218,6 +240,25 @@ def test_restore_leaves_a_journal_it_may_not_undo_whole(user, sleeper):
     assert rep.state == "restored" and sorted(os.sched_getaffinity(sleeper.pid)) == allcpus and not user.journals()
 
 
+WEIGHTS = Path("/sys/kernel/mm/mempolicy/weighted_interleave")
+
+
+@pytest.mark.skipif(not (WEIGHTS / "node0").exists(), reason="no weighted interleave in this kernel (Linux 6.9+)")
+def test_weighted_interleave_weights_are_refused_before_anything(user, clean):
+    """A saved plan that interleaves with weights: the weights are global sysfs switches, so exec
+    refuses in one line before anything is journaled, started or written."""
+    saved = user.home / "plan.json"
+    cp = user.run("plan", "--mem", "interleave", "--mem-nodes", "0", "--save", str(saved), "--json")
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(saved.read_text())
+    before = (WEIGHTS / "node0").read_text()
+    doc["instances"][0].update(mem_policy="weighted-interleave", weights={"0": 7 if before.strip() != "7" else 8})
+    saved.write_text(json.dumps(doc))
+    refused(user.run("exec", "--plan", str(saved), "--", "true"), "weighted-interleave weight of node 0",
+            "owned by root", f"you ({user.name}) may not write it", "nothing was changed", "re-run as root", "--mem interleave")
+    assert (WEIGHTS / "node0").read_text() == before
+
+
 # ---- what works -----------------------------------------------------------------------------------
 
 def test_exec_restore_and_topo_work(user, clean):
@@ -249,9 +290,10 @@ def test_elastic_on_an_own_process(user, clean):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (a core to take away)")
 def test_a_child_that_becomes_root_mid_run_is_said_once_and_the_run_is_partial(user, clean):
-    """The target is the user's; a second later it forks a child that takes back root (its saved
-    uid): the kernel refuses to re-bind that child. Said once, the rest stays controlled, exit 3."""
-    tree = subprocess.Popen([sys.executable, "-c", SETUID_TREE, str(user.uid), "1.0"], stdout=subprocess.PIPE, text=True)
+    """The target is the user's; once elastic has bound it, it forks a child that takes back root
+    (its saved uid): the kernel refuses to re-bind that child. Said once, the rest stays
+    controlled, exit 3."""
+    tree = subprocess.Popen([sys.executable, "-c", SETUID_TREE, str(user.uid), "30"], stdout=subprocess.PIPE, text=True)
     try:
         assert tree.stdout.readline().strip() == "ready"
         before = os.sched_getaffinity(tree.pid)

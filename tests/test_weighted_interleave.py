@@ -47,3 +47,26 @@ def test_exec_applies_weighted_interleave_here(cli):
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     assert doc["verification"]["ok"] and doc["verification"]["mem_policy"].startswith("weighted interleave:")
+
+
+def test_weights_are_admitted_before_anything_is_written(tmp_path):
+    """Weighted-interleave weights are global sysfs switches: a caller who may not write one is
+    refused in one line (the file, its owner, what is missing, the way out) before anything is
+    journaled; a weight that already has its value needs no write and is admitted."""
+    from tilewise import admission
+
+    sysfs = tmp_path / "weighted_interleave"
+    sysfs.mkdir()
+    for n in (0, 2):
+        (sysfs / f"node{n}").write_text("1\n")
+    alice = admission.Caller(4242000, 4242000)  # a uid without an account
+    read_only = lambda p: admission.Access(p, False, 0)  # noqa: E731 - root's file, not writable by alice
+    with pytest.raises(admission.Refused) as e:
+        binding.admit_weights([(0, 3), (2, 1)], str(sysfs), alice, read_only)
+    msg = str(e.value)
+    assert msg.startswith(f"cannot write the weighted-interleave weight of node 0 {sysfs / 'node0'} (owned by root): "
+                          "you (uid 4242000) may not write it; nothing was changed; re-run as root"), msg
+    assert "(and" not in msg and "--mem interleave" in e.value.hint and "\n" not in msg  # node 2 keeps its 1: no write
+    binding.admit_weights([(0, 1), (2, 1)], str(sysfs), alice, read_only)  # nothing to change: admitted
+    binding.admit_weights([(0, 3)], str(sysfs), alice, admission.access)  # writable here (the test's own file)
+    binding.admit_weights([], str(sysfs), alice, read_only)

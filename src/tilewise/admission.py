@@ -2,7 +2,8 @@
 every change can be made (and read back), and refuse in one line otherwise.
 
 Kubernetes' topology manager refuses a pod up front and says why; tilewise does the same for
-`elastic`, `tune --apply-os`, `workload --apply-os`, `restore` and the binding of `exec`/`up`:
+`elastic`, `tune --apply-os`, `workload --apply-os`, `restore`, the binding of `exec`/`up` and the
+weighted-interleave weights of `exec`/`bench` (``binding.admit_weights``):
 nothing is journaled or changed when a check fails, and the one `Error:` line names the target,
 its owner, what is missing and the way out.
 
@@ -21,8 +22,8 @@ The rules are the kernel's (Linux 6.x):
   delegated group itself. On v2, moving a process also needs write access to ``cgroup.procs`` of
   the common ancestor of its old and new group; on v1 the caller's euid must be root or equal the
   task's real or saved uid.
-- **sysfs and procfs switches** (THP, AutoNUMA): writable files, which means root (and a /sys that
-  is not mounted read-only).
+- **sysfs and procfs switches** (THP, AutoNUMA, weighted-interleave weights): writable files, which
+  means root (and a /sys that is not mounted read-only).
 - **A whole machine**: pid 1, kthreadd, a systemd manager (system or user instance) or a
   container's init has every process of the machine (or of the user, or of the container) in its
   tree; `elastic` refuses such a target unless ``--whole-machine`` says it is meant.

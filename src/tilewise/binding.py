@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from tilewise import allocators, changes, cpulist, devices, procs, topology
+from tilewise import admission, allocators, changes, cpulist, devices, procs, topology
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Instance, Plan
 
@@ -178,10 +178,39 @@ def ensure_mem_policy_supported(p: Plan, sysfs: str = WEIGHTED_INTERLEAVE_SYSFS,
                 f"{mode} needs {major}.{minor} or later)", f"use {fallback}")
 
 
+WEIGHTS_WAY_OUT = ("re-run as root (sudo tilewise ...), or interleave with equal weights (--mem interleave), "
+                   "which sets nothing global")
+
+
+def admit_weights(weights: Sequence[tuple[int, int]], sysfs: str = WEIGHTED_INTERLEAVE_SYSFS,
+                  caller: admission.Caller | None = None, access=admission.access) -> None:
+    """Admission for weighted-interleave weights, before anything is journaled or written: each
+    weight that has to change is a global sysfs switch (root's to write). Raises admission.Refused
+    (one line naming the file, its owner, what is missing and the way out; exit 2). A weight that
+    already has its value needs no write, and is admitted."""
+    if not weights:
+        return
+    who = caller or admission.caller()
+    refusals = []
+    for node, w in weights:
+        path = os.path.join(sysfs, f"node{node}")
+        try:
+            with open(path) as f:
+                if f.read().strip() == str(w):
+                    continue
+        except OSError:
+            pass  # unreadable or missing: the change layer says so when it reads the old value
+        refusals.append(admission.write_refusal(who, access(path), f"the weighted-interleave weight of node {node}",
+                                                WEIGHTS_WAY_OUT))
+    admission.check(refusals)
+
+
 def set_interleave_weights(session: changes.Session, weights: Sequence[tuple[int, int]], sysfs: str = WEIGHTED_INTERLEAVE_SYSFS) -> list[str]:
     """Write weighted-interleave weights through the change-and-undo layer (locked, journaled before
     the write, read back, undone when the session closes). They are global: every process on the
-    machine that uses weighted interleave gets them meanwhile, and the lines returned say so."""
+    machine that uses weighted interleave gets them meanwhile, and the lines returned say so.
+    Admitted first (admit_weights): a caller who may not write them is refused before anything."""
+    admit_weights(weights, sysfs)
     out = []
     for node, w in weights:
         target = changes.FileValue(os.path.join(sysfs, f"node{node}"), "plain",

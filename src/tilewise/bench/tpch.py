@@ -36,7 +36,7 @@ from pathlib import Path
 from tilewise import benchmarks, changes, cpulist, engines, topology
 from tilewise.bench import far_memory
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
-from tilewise.binding import ensure_runnable, set_interleave_weights
+from tilewise.binding import admit_weights, ensure_runnable, set_interleave_weights
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.engines.contract import EngineSpec, Query
 from tilewise.errors import TilewiseError, UsageError
@@ -221,6 +221,8 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
     live_fp = topology.load(None).fingerprint() if cfg.topology_src else None
     for _, p in plans:
         ensure_runnable(p, live_fp)
+    # the global weighted-interleave weights of every deployment: refused now, not after the first ran
+    admit_weights(sorted({(n, w) for _, p in plans for i in p.instances for n, w in i.weights.items()}))
     return engine, topo, plans
 
 

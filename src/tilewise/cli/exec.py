@@ -8,7 +8,7 @@ import sys
 import click
 
 from tilewise import allocators, changes, launch, plan, signals, topology
-from tilewise.binding import Binding, check_binding, ensure_runnable, set_interleave_weights
+from tilewise.binding import Binding, admit_weights, check_binding, ensure_runnable, set_interleave_weights
 from tilewise.cli.common import INDEX, conflicts, console, emit_json, json_option, topology_option
 from tilewise.cli.plan import make_plan, plan_options, weights_option
 from tilewise.errors import UsageError
@@ -65,6 +65,7 @@ def exec_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_thread
     ensure_runnable(p)
     b = Binding.from_instance(p.instances[instance_id], allocator)
     check_binding(b)  # a bad binding is one line, before anything starts
+    admit_weights(b.weights)  # global weights: refused before anything is journaled when not ours to write
     err = console(stderr=True)
     inst = p.instances[instance_id]
     if inst.mem_reason and not as_json:

