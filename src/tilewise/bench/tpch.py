@@ -81,6 +81,7 @@ class Config:
     inject_wrong: tuple[QueryId, ...] = ()  # test hook: corrupt these queries' answers before validation
     worker_memory: str | None = None  # the engine's memory knob per worker (its spec's capabilities.memory), e.g. 2g
     mem_variants: tuple[str, ...] = ()  # the far-memory study: near, far, interleave, weighted (bench.far_memory)
+    query_timeout_s: float | None = None  # give up on a query after this long (it is reported as failed)
 
 
 class Reporter:
@@ -411,7 +412,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "streams": streams, "streams_requested": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
         "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
         "dataset": dataset.to_json(), "benchmark": cfg.benchmark, "query_params": qset.params,
-        "query_seed": qset.seed, "mem_variants": list(cfg.mem_variants),
+        "query_seed": qset.seed, "mem_variants": list(cfg.mem_variants), "query_timeout_s": cfg.query_timeout_s,
     })
     doc.update({
         "requested": {"policies": [label for label, _ in plans], "queries": [f"q{n}" for n in cfg.queries]},
@@ -707,7 +708,7 @@ def _ask(engine, ctx: _Ctx, n: QueryId, stream: int, answers: list[Answer], lock
     error is kept with the answer; an engine that is no longer healthy ends the run instead)."""
     lo = ctx.states.bounds()
     try:
-        res = engine.run_query(ctx.engine_sql(n, stream))
+        res = engine.run_query(ctx.engine_sql(n, stream), timeout_s=ctx.cfg.query_timeout_s)
     except TilewiseError as e:
         if ctx.stopping or not _healthy(engine):
             raise
@@ -863,7 +864,7 @@ def _instances(engine, p) -> list[dict]:
             info = engine.info(inst.id) or {}
         except Exception:  # noqa: BLE001 - settings are recorded when the engine gives them
             info = {}
-        for k in ("load_s", "threads", "memory_mb"):
+        for k in ("load_s", "threads", "memory_mb", "settings", "load"):  # settings, load: the engine's own
             if info.get(k) is not None:
                 d[k] = info[k]
         out.append(d)

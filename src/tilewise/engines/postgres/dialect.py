@@ -29,4 +29,26 @@ _Q17 = [
 
 TPCH = {"17": _Q17}
 
-dialect = Rewrites("postgres", __name__, {"tpch": TPCH, "jcch": TPCH})
+
+def _alias(pattern: str, name: str) -> Rule:
+    """The derived table whose closing parenthesis is group 1 of pattern gets an alias."""
+    return Rule(pattern, rf"\1 {name}\2", 1)
+
+
+_LOCHIERARCHY = r"case when lochierarchy = 0 then (\w+) end"
+
+TPCDS = {
+    "2": [_alias(r"(from catalog_sales\))(\))", "wscs_sales")],
+    "14a": [_alias(r"(d3\.d_year between \d+ AND \d+ \+ 2\))(\s+where i_brand_id = brand_id)", "common_items")],
+    "23a": [_alias(r"(group by c_customer_sk\))(\),)", "customer_sales"),
+            _alias(r"(in \(select c_customer_sk from best_ss_customer\)\))(\s*limit 100)", "all_sales")],
+    "23b": [_alias(r"(group by c_customer_sk\))(\),)", "customer_sales"),
+            _alias(r"(group by c_last_name,c_first_name\))(\s*order by c_last_name,c_first_name,sales)",
+                   "all_sales")],
+    "49": [_alias(r"(\))(\s*order by 1,4,5,2)", "returns_ranked")],
+    "36": [Rule(_LOCHIERARCHY, r"case when grouping(i_category)+grouping(i_class) = 0 then \1 end", 1)],
+    "70": [Rule(_LOCHIERARCHY, r"case when grouping(s_state)+grouping(s_county) = 0 then \1 end", 1)],
+    "86": [Rule(_LOCHIERARCHY, r"case when grouping(i_category)+grouping(i_class) = 0 then \1 end", 1)],
+}
+
+dialect = Rewrites("postgres", __name__, {"tpch": TPCH, "jcch": TPCH, "tpcds": TPCDS})

@@ -73,10 +73,10 @@ def failure(log_text: str) -> tuple[str, str] | None:
     if re.search(r"could not (map|create) (anonymous )?shared memory", text) or "out of memory" in text.lower():
         return (f"it refused its memory settings ({fatal[0] if fatal else 'shared memory'})",
                 "give a smaller --worker-memory (shared_buffers is a quarter of it)")
-    m = re.search(r'(invalid value for parameter "(\w+)".*|.*outside the valid range for parameter "(\w+)".*)', text)
-    if m:
-        return (f"it refused a setting: {m.group(1).strip()}",
-                "give another --worker-memory (settings.py derives shared_buffers and work_mem from it)")
+    bad = next((f for f in fatal if "invalid value for parameter" in f or "outside the valid range" in f), None)
+    if bad:
+        return (f"it refused a setting: {bad}",
+                "give another --worker-memory (shared_buffers is a quarter of it, work_mem comes from the rest)")
     if "Permission denied" in text or "has invalid permissions" in text or "wrong ownership" in text:
         return (f"it cannot use its data directory ({fatal[0] if fatal else 'permission denied'})",
                 f"set {DIR_VAR} to a directory the server's user can write")
@@ -239,7 +239,8 @@ class PostgresServers(ProcessCluster):
                 why = failure(Path(m.log).read_text(errors="replace"))
             if why is None:
                 raise
-            raise PostgresError(f"PostgreSQL {m.label} did not start: {why[0]}", why[1]) from None
+            who = "the loader" if m.instance is None else f"instance {m.instance}"
+            raise PostgresError(f"PostgreSQL ({who}) did not start: {why[0]}", why[1]) from None
 
     def _connect(self, m: Member, dbname: str = settings.DATABASE, timeout_s: float = 30.0):
         import psycopg
@@ -281,7 +282,10 @@ class PostgresServers(ProcessCluster):
             deadline = time.monotonic() + START_TIMEOUT_S
             for m in self.workers():
                 self._wait_ready(m, max(1.0, deadline - time.monotonic()))
-                with contextlib.closing(self._connect(m)) as conn:
+                with contextlib.closing(self._connect(m, "postgres")) as conn:
+                    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                        (settings.DATABASE,)).fetchone():  # no data set: an empty one
+                        conn.execute(f"CREATE DATABASE {settings.DATABASE}")
                     conn.execute(f"ALTER ROLE {settings.ROLE} PASSWORD '{password}'")
                 if log:
                     log(f"PostgreSQL server {m.instance} ready: pid {m.pid}, port {m.extra['port']}, "
@@ -700,42 +704,92 @@ class PostgresServers(ProcessCluster):
         return problems
 
     def _recover(self, m: Member) -> list[str]:
-        """A server that died without its shutdown: start it once more on its data directory (its
-        start-up removes the dead one's shared memory segment and dynamic shared memory), then stop it."""
+        """A server that died without its shutdown (SIGKILL, OOM) left its System V segment, its
+        dynamic shared memory and its lock files. Its stale lock files go (they name a process we
+        know is gone: a zombie's pid still answers kill(pid, 0), and PostgreSQL would take it for a
+        live server); then the server is started once more on its data directory, whose start-up
+        removes the dead one's segments (PostgreSQL finds the old segment by the data directory's
+        key and removes it with the dynamic shared memory it lists), and stopped. A segment that
+        survives that, ours by the lock file, unattached, is removed directly."""
+        data, sock = Path(m.extra["data_dir"]), Path(m.extra["socket_dir"])
+        ok, _ = m.alive()
+        if ok:
+            return [f"{m.label} (pid {m.pid}) is still running"]
+        old = lockfile(data / "postmaster.pid")
+        for f in (data / "postmaster.pid", sock / f".s.PGSQL.{m.extra['port']}.lock"):
+            if lockfile(f).get("pid") == m.pid:
+                f.unlink(missing_ok=True)
+        log_dir = Path(m.log).parent
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log = log_dir / f"cleanup-{m.instance}.log"
         try:
             bindir = home.bindir()
-            data, sock = Path(m.extra["data_dir"]), Path(m.extra["socket_dir"])
             cfg = {**settings.connection_settings(int(m.extra["port"]), "", sock, "tilewise-cleanup"),
                    "shared_buffers": "16MB", "max_worker_processes": "2", "autovacuum": "off", "wal_level": "minimal",
                    "max_wal_senders": "0"}
-            log_dir = Path(m.log).parent
-            log_dir.mkdir(parents=True, exist_ok=True)
-            with open(log_dir / f"cleanup-{m.instance}.log", "ab") as fh:
+            with open(log, "ab") as fh:
                 child = launch.spawn(settings.argv(bindir / "postgres", data, cfg), Binding(None), env=self._env(),
                                      journal=None, death_signal=signal.SIGINT, stdin=subprocess.DEVNULL, stdout=fh,
                                      stderr=subprocess.STDOUT, cwd="/", **self.user.popen_kwargs())
             deadline = time.monotonic() + START_TIMEOUT_S
-            text = ""
             while child.poll() is None and time.monotonic() < deadline:
                 with contextlib.suppress(OSError):
-                    text = (log_dir / f"cleanup-{m.instance}.log").read_text(errors="replace")
-                if READY_RE.search(text):
-                    break
+                    if READY_RE.search(log.read_text(errors="replace")):
+                        break
                 time.sleep(0.1)
             if child.poll() is None:
                 child.send_signal(signal.SIGINT)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=SHUTDOWN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pass
             rep = procs.stop(child.tree(), grace=5.0)
             if not rep.ok:
                 return [f"the clean-up server of {m.label}: {rep.summary()}"]
-            if Path(data, "postmaster.pid").exists():
-                return [f"{m.label}: PostgreSQL could not clean up after its killed server ({log_tail(fh.name)})"]
         except (OSError, TilewiseError, KeyError) as e:
             return [f"{m.label}: cleaning up after its killed server failed: {e}"]
+        shmid = old.get("shmid")
+        seg = sysv_segment(shmid) if shmid is not None else None
+        if seg is not None and seg["nattch"] == 0 and seg["cpid"] == m.pid:
+            remove_sysv(shmid)
+        if shmid is not None and sysv_segment(shmid) is not None:
+            return [f"{m.label}: System V shared memory segment {shmid} is left ({log_tail(str(log))})"]
         return []
+
+
+def lockfile(path: Path) -> dict:
+    """A PostgreSQL lock file (postmaster.pid or a socket's .lock): its pid, and, in postmaster.pid's
+    7th line, the System V segment's key and id. {} when it cannot be read."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    out: dict = {}
+    with contextlib.suppress(IndexError, ValueError):
+        out["pid"] = int(lines[0])
+    with contextlib.suppress(IndexError, ValueError):
+        key, shmid = lines[6].split()
+        out["key"], out["shmid"] = int(key), int(shmid)
+    return out
+
+
+def sysv_segment(shmid: int) -> dict | None:
+    """/proc/sysvipc/shm's row of a segment (nattch, cpid, uid as ints), or None when there is none."""
+    try:
+        with open("/proc/sysvipc/shm") as f:
+            head = f.readline().split()
+            for line in f:
+                row = dict(zip(head, line.split()))
+                if int(row.get("shmid", -1)) == shmid:
+                    return {"nattch": int(row["nattch"]), "cpid": int(row["cpid"]), "uid": int(row["uid"])}
+    except (OSError, ValueError, KeyError):
+        return None
+    return None
+
+
+def remove_sysv(shmid: int) -> None:
+    import ctypes
+
+    IPC_RMID = 0
+    ctypes.CDLL(None, use_errno=True).shmctl(ctypes.c_int(shmid), IPC_RMID, None)
 
 
 def _first_line(e: BaseException) -> str:
