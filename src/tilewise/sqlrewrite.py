@@ -10,7 +10,7 @@ dialect.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from tilewise.errors import TilewiseError
@@ -18,7 +18,7 @@ from tilewise.errors import TilewiseError
 
 class Rule(NamedTuple):
     pattern: str  # a regular expression
-    replacement: str  # re.sub's replacement (\1 for its first group)
+    replacement: str | Callable[[re.Match], str]  # re.sub's replacement (\1 for its first group, or a function of the match)
     count: int  # how many times the pattern must match
 
 

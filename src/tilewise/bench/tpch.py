@@ -622,6 +622,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
             if timed:
                 doc["completed"]["queries"][label] = [q for q, v in rec["queries"].items() if v.get("times_s")]
             writer.write(doc)  # after every run: a late failure loses nothing
+        _peak_memory(engine, rec)
         rec["complete"] = True
         doc["completed"]["policies"].append(label)
     except BaseException as e:
@@ -867,5 +868,18 @@ def _instances(engine, p) -> list[dict]:
         for k in ("load_s", "threads", "memory_mb", "settings", "load"):  # settings, load: the engine's own
             if info.get(k) is not None:
                 d[k] = info[k]
+        if info.get("rss_mb") is not None:
+            d["rss_loaded_mb"] = info["rss_mb"]  # resident memory once the data set is loaded
         out.append(d)
     return out
+
+
+def _peak_memory(engine, rec: dict) -> None:
+    """Each instance's peak resident memory after the runs (where the engine reports it)."""
+    for d in rec.get("instances", []):
+        try:
+            peak = (engine.info(d["id"]) or {}).get("peak_rss_mb")
+        except Exception:  # noqa: BLE001 - recorded when the engine gives it
+            peak = None
+        if peak is not None:
+            d["rss_peak_mb"] = peak

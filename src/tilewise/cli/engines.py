@@ -161,8 +161,9 @@ def list_cmd(as_json):
         emit_json(rows)
         return
     out = console()
+    width = max([8, *(len(r["engine"]) for r in rows)])
     for r in rows:
-        out.print(f"{r['engine']:8} {'ready' if r['usable'] else 'missing: ' + r['missing']}", markup=False)
+        out.print(f"{r['engine']:{width}} {'ready' if r['usable'] else 'missing: ' + r['missing']}", markup=False)
 
 
 @engines_cmd.command("install")

@@ -226,11 +226,26 @@ class Server:
                 ru = resource.getrusage(resource.RUSAGE_SELF)  # the whole process, its exited threads included
                 self.reply(msg, {"ok": True, "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)),
                                  "load_s": self.shared.get("load_s"), "memory_mb": h.memory_mb,
-                                 "cpu_s": ru.ru_utime + ru.ru_stime, "ctx_involuntary": ru.ru_nivcsw, **info})
+                                 "cpu_s": ru.ru_utime + ru.ru_stime, "ctx_involuntary": ru.ru_nivcsw,
+                                 **resident_mb(), **info})
             else:
                 self.reply(msg, {"ok": False, "error": f"unknown request {op!r}"})
         except Exception as e:  # a failing request is an answer, not a crash
             self.reply(msg, {"ok": False, "error": f"{type(e).__name__}: {e}"})
+
+
+def resident_mb() -> dict:
+    """This process's resident memory now and at its peak (MiB; /proc/self/status VmRSS, VmHWM)."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key = {"VmRSS:": "rss_mb", "VmHWM:": "peak_rss_mb"}.get(line.split(maxsplit=1)[0] if line.strip() else "")
+                if key:
+                    out[key] = int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
 
 
 class _NoLock:

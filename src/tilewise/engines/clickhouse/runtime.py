@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from tilewise.data import refresh
 from tilewise.engines.clickhouse import SPEC
+from tilewise.engines.clickhouse.server import parquet_source
 from tilewise.engines.replicas import ReplicaServers
-
-
-def parquet_source(path) -> str:
-    """A Parquet file as a ClickHouse table expression (the refresh functions read their sets so)."""
-    return "file('{}', Parquet)".format(str(path).replace("\\", "\\\\").replace("'", "\\'"))
 
 
 class ClickHouseServers(ReplicaServers):

@@ -47,10 +47,15 @@ from tilewise.engines import serve
 
 SMALL = 256  # rows returned as Python tuples before the rest of an answer goes as Arrow
 
-# Per connection, besides max_threads (the instance's cores) and join_use_nulls: each says why.
+# Per connection, besides max_threads (the instance's cores); each says why.
 SESSION_SETTINGS = {
     "join_use_nulls": 1,  # outer joins fill unmatched columns with NULL (SQL), not 0/'' (TPC-H Q13)
     "aggregate_functions_null_for_empty": 1,  # sum/avg/min/max of no rows is NULL (SQL), not 0 (TPC-H Q17)
+    # ROLLUP/CUBE's subtotal rows hold NULL (SQL), not '' or 0 (TPC-DS q5, q27, q36, q67, q77, q80)
+    "group_by_use_nulls": 1,
+    "union_default_mode": "'DISTINCT'",  # a bare UNION removes duplicates (SQL); ClickHouse refuses it (q49, q75)
+    "cast_keep_nullable": 1,  # CAST(NULL AS t) is NULL (SQL), not an error (TPC-DS q61 with drawn parameters)
+    "joined_subquery_requires_alias": 0,  # a subquery in FROM may have no alias (SQL allows it; TPC-DS q14a)
     "mutations_sync": 2,  # ALTER ... DELETE returns once applied (the refresh functions)
     "output_format_arrow_string_as_string": 1,  # String columns as Arrow strings, not binary
 }
@@ -92,8 +97,14 @@ class _RWLock:
             self._cond.notify_all()
 
 
-def _quote(s: str) -> str:
+def sql_string(s) -> str:
+    """A ClickHouse string literal."""
     return "'" + str(s).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def parquet_source(path) -> str:
+    """A Parquet file as a ClickHouse table expression (the tables load, the refresh sets are read so)."""
+    return f"file({sql_string(path)}, Parquet)"
 
 
 def _memory_error(e: Exception) -> bool:
@@ -109,6 +120,9 @@ class ClickHouse(serve.Handler):
 
         self._chdb = chdb
         where = Path(workdir or ".").resolve() / "chdb"
+        if "?" in str(where):  # chdb reads what follows a '?' as settings
+            raise serve.Refused(f"chdb cannot keep its database in {where} (a '?' in the path)",
+                                "set TILEWISE_CLUSTER_DIR (tilewise up) or TMPDIR (bench) to a directory without one")
         opts = f"?max_server_memory_usage={int(memory_mb) << 20}" if memory_mb else ""
         try:  # the anchor: the first connection starts ClickHouse and stays open while the server lives
             self.anchor = chdb.connect(f"{where}{opts}")
@@ -162,7 +176,7 @@ class ClickHouse(serve.Handler):
             for name, path in tables.items():
                 try:
                     con.query(f"DROP TABLE IF EXISTS {name} SYNC")
-                    con.query(f"CREATE TABLE {name} ENGINE = Memory AS SELECT * FROM file({_quote(path)}, Parquet)")
+                    con.query(f"CREATE TABLE {name} ENGINE = Memory AS SELECT * FROM {parquet_source(path)}")
                 except Exception as e:  # noqa: BLE001
                     if _memory_error(e):
                         raise serve.Refused(
@@ -247,7 +261,7 @@ def _undo(con, done: list[tuple[str, str, str]]) -> None:
     for kind, table, undo in reversed(done):
         if kind == "insert":
             cols = [r["name"] for r in con.query(
-                f"SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {_quote(table)} "
+                f"SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {sql_string(table)} "
                 "ORDER BY position", "ArrowTable").to_pylist()]
             con.query(f"ALTER TABLE {table} DELETE WHERE ({', '.join(cols)}) IN (SELECT * FROM {undo})")
         else:
