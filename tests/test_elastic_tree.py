@@ -60,7 +60,7 @@ def test_a_child_born_after_the_start_is_bound_within_one_tick(tmp_path, state_d
         t = topology.load(None)
         target = daemon.PidTarget(p.pid, rescan_s=3600.0)  # no full scan during the test: the tick must find it
         pool = modes.make_pool(t, target.allowed_cpus())
-        unit = daemon.Unit(target.name, pool, petri.NetConfig(10, 70, pool.n_total), "dense", target)
+        unit = daemon.Unit(target.name, pool, petri.NetConfig(10, 100, pool.n_total), "dense", target)
         unit.enforcer = enforce.choose("affinity", p.pid, None)
         recs = []
         d = daemon.Daemon([unit], interval=0.1, log=recs.append)
@@ -153,7 +153,7 @@ pid, started, child_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 t = topology.load(None)
 target = daemon.PidTarget(pid, rescan_s=3600.0)
 pool = modes.make_pool(t, target.allowed_cpus())
-unit = daemon.Unit(target.name, pool, petri.NetConfig(10, 70, pool.n_total), "dense", target)
+unit = daemon.Unit(target.name, pool, petri.NetConfig(10, 100, pool.n_total), "dense", target)
 unit.enforcer = enforce.choose("affinity", pid, None)
 d = daemon.Daemon([unit], interval=0.1)
 d.start()
