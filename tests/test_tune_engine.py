@@ -86,8 +86,8 @@ def test_os_switches_apply_to_the_running_engine_without_a_restart(tmp_path, dat
                                                  "system/first-touch/none/thp=always"]
     assert len(doc["starts"]) == 1 and doc["starts"][0]["cases"] == [0, 1, 2]  # one engine start for all three
     assert all(len(c["runs"]) == 2 and not c["failures"] for c in doc["cases"])
-    # interleaved round by round, each state applied while its queries ran
-    assert [s for _, s in seen] == ["madvise", "never", "always"] * 2, seen
+    # interleaved round by round (every other round in reverse), each state applied while its queries ran
+    assert [s for _, s in seen] == ["madvise", "never", "always", "always", "never", "madvise"], seen
     assert SWITCHES["thp"].parse((root / THP).read_text()) == "madvise"  # restored
     assert not list((changes.state_dir() / "journals").glob("*.json"))  # nothing left to undo
 

@@ -19,7 +19,8 @@ placements x THP x AutoNUMA, the default first). How each knob reaches the engin
 
 Schedule: the configurations that need the same engine start (allocator, memory policy, placement)
 share one start; under it, each of warm-up + repeat rounds runs every OS state's queries in turn
-(apply, run each query once, restore), so OS states are interleaved round by round. The default
+(apply, run each query once, restore), so OS states are interleaved round by round, in reverse
+order every other round. The default
 configuration is case 0. A query's time is the engine's own (QueryResult.elapsed_s); each
 configuration's first answer to each query is checked against the reference (DataFusion), and a
 wrong answer fails that configuration. A failing start or query is recorded, the sweep goes on.
@@ -298,7 +299,10 @@ class _Sweep:
         total = self.cfg.warmup + self.cfg.repeat
         for r in range(total):
             timed = r >= self.cfg.warmup
-            for c, case in zip(configs, cases):
+            pairs = list(zip(configs, cases))
+            # every other round in reverse: a state that always ran first (or last) would carry the
+            # order's effect (caches, the machine's drift within a round) as if it were its own
+            for c, case in (pairs if r % 2 == 0 else pairs[::-1]):
                 desired = c.os_desired()
                 ctx = self.osw.applied(desired, "tune --engine --apply-os") if desired else contextlib.nullcontext()
                 times = []

@@ -145,8 +145,8 @@ def recommend(default: Candidate, candidates: Sequence[Candidate], facts: Facts 
                                     gain, k))
             continue
         if m["ci95"][1] >= 1 or gain < facts.min_gain:
-            why = ("the interval includes no change" if m["ci95"][1] >= 1 else
-                   f"below the {facts.min_gain:.0%} worth a change")
+            why = ("slower on average" if m["ci95"][0] > 1 else "the interval includes no change" if m["ci95"][1] >= 1
+                   else f"below the {facts.min_gain:.0%} worth a change")
             verdicts.append(Verdict(c.label, "rejected", f"no significant gain: {summary} ({why})", gain, k))
             continue
         extra = f"; {len(ch['faster'])} faster, {len(ch['slower'])} slower (95 % CI)" if ch['faster'] or ch['slower'] else ""
