@@ -260,33 +260,25 @@ class ProcFS:
         return {int(n): c for n, c in sums.items()}
 
     def numa_mappings(self, pid: int) -> tuple[dict[int, int], dict[tuple, dict[int, int]]]:
-        """/proc/PID/numa_maps split in two: (private anonymous memory per node (heap, stacks: the
-        process's own), {object: its pages per node} for each mapping of a file or of shared memory
-        (a server's shared buffers, a library), whose pages several processes of a tree map). An
-        object is (device, inode, offset) from /proc/PID/maps."""
+        """/proc/PID/numa_maps split in two: (the pages per node of the process's own memory, {segment:
+        its pages per node} for each shared-memory mapping (a PostgreSQL server's shared buffers, POSIX
+        and System V segments, memfds), which several processes of a tree map). A segment is named by
+        its address and file: a server maps its shared memory before it forks, so its children map it
+        at the same address. (Libraries' pages are shared too, but small next to a database's memory:
+        they stay with each process, which keeps this to one pass over the file.)"""
         raw = self._read_all(f"{self.root}/{pid}/numa_maps")
         if raw is None:
             return {}, {}
-        objects = {}
-        for start, offset, dev, inode in _MAPS_RE.findall(self._read_all(f"{self.root}/{pid}/maps") or b""):
-            if inode != b"0":
-                objects[int(start, 16)] = (dev.decode(), int(inode), int(offset, 16))
-        private = self.numa_pages(pid) if not objects else {}
+        private: dict[int, int] = {}
+        for node, pages in _NODE_RE.findall(raw):  # everything, then the shared segments taken out
+            private[int(node)] = private.get(int(node), 0) + int(pages)
         shared: dict[tuple, dict[int, int]] = {}
-        if objects:
-            sums: dict[bytes, int] = {}
-            for node, pages in _NODE_RE.findall(raw):  # everything, then the shared lines taken out
-                sums[node] = sums.get(node, 0) + int(pages)
-            private = {int(n): c for n, c in sums.items()}
-            for start, rest in _NUMA_LINE_RE.findall(raw):
-                obj = objects.get(int(start, 16))
-                if obj is None:
-                    continue
-                nodes = shared.setdefault(obj, {})
-                for n, c in _NODE_RE.findall(b" " + rest):
-                    n, c = int(n), int(c)
-                    nodes[n] = nodes.get(n, 0) + c
-                    private[n] -= c
+        for start, file, rest in _SHM_LINE_RE.findall(raw):
+            nodes = shared.setdefault((int(start, 16), file.decode(errors="replace")), {})
+            for n, c in _NODE_RE.findall(rest):
+                n, c = int(n), int(c)
+                nodes[n] = nodes.get(n, 0) + c
+                private[n] -= c
         return private, shared
 
     def tree_pages(self, pids) -> dict[int, int]:
@@ -295,8 +287,9 @@ class ProcFS:
 
 
 _NODE_RE = re.compile(rb" N(\d+)=(\d+)")  # tokens are space-separated; the first is an address
-_NUMA_LINE_RE = re.compile(rb"^([0-9a-f]+) (.*)$", re.M)
-_MAPS_RE = re.compile(rb"^([0-9a-f]+)-[0-9a-f]+ \S+ ([0-9a-f]+) ([0-9a-f]+:[0-9a-f]+) (\d+)", re.M)
+# a line of numa_maps mapping shared memory: anonymous shared (/dev/zero), System V (/SYSV...), POSIX
+# (/dev/shm/...) or a memfd: (address, file, the rest of the line)
+_SHM_LINE_RE = re.compile(rb"^([0-9a-f]+) \S+ file=(/dev/zero\S*|/SYSV\S*|/dev/shm/\S*|/memfd:\S*)( [^\n]*)$", re.M)
 
 
 def tree_pages(per_process: list[tuple[dict[int, int], dict[tuple, dict[int, int]]]]) -> dict[int, int]:
