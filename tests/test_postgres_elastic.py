@@ -1,6 +1,7 @@
 """The elastic daemon on a real PostgreSQL server (paper 002 under a process-per-connection DBMS):
 a backend the postmaster forks for a new connection, and the parallel workers it forks for a
-parallel query, are part of the tree and bound at the first tick after they appear. Each new
+parallel query, are part of the tree and bound at the first tick after they appear (and, with a
+cgroup v1 cpuset, born inside the daemon's group and put back with it). Each new
 process first gets every CPU back (as a program may reset its own mask), so the tick, not
 inheritance, is what binds it. Skipped where PostgreSQL is not installed (`make setup`)."""
 
@@ -40,6 +41,7 @@ def server(tmp_path_factory, tpch_sf001):
 def controlled(server, tmp_path, monkeypatch):
     """The daemon on the postmaster's tree (affinity, one core, no full scan during the test)."""
     monkeypatch.setenv("TILEWISE_STATE_DIR", str(tmp_path / "state"))
+    server.close()  # no idle connection left: a query's backend is born after the start
     pid = server.status()[0].pid
     target = daemon.PidTarget(pid, rescan_s=3600.0)
     pool = modes.make_pool(topology.load(None), target.allowed_cpus())
@@ -73,7 +75,7 @@ def _children(pid: int, what: str) -> list[int]:
 
 def test_a_new_backend_is_bound_within_one_tick(server, controlled):
     d, unit, target, recs = controlled
-    hold = threading.Thread(target=server.run_query, args=("SELECT pg_sleep(3)",))  # keeps the pooled connection busy
+    hold = threading.Thread(target=server.run_query, args=("SELECT pg_sleep(3)",))  # keeps a connection busy
     hold.start()
     try:
         time.sleep(0.3)
@@ -115,3 +117,40 @@ def test_parallel_workers_are_bound_within_one_tick(server, controlled):
             assert sorted(os.sched_getaffinity(w)) == sorted(unit.cpus), f"parallel worker {w} not bound in one tick"
     finally:
         q.join()
+
+
+def test_cgroup_mode_holds_the_whole_server(server, tmp_path, monkeypatch):
+    """cgroup v1 (this host's cpuset hierarchy): the postmaster's tree is moved into a group of the
+    daemon's own; a backend born later is born inside it (no journal entry of its own) and is put
+    back with the rest when the group is removed."""
+    m = enforce.mounts()["v1"]
+    if not m or not os.access(m, os.W_OK):
+        pytest.skip("no writable cgroup v1 cpuset hierarchy here")
+    monkeypatch.setenv("TILEWISE_STATE_DIR", str(tmp_path / "state"))
+    pid = server.status()[0].pid
+    before = enforce.task_cgroup(pid, 1)
+    target = daemon.PidTarget(pid, rescan_s=3600.0)
+    pool = modes.make_pool(topology.load(None), target.allowed_cpus())
+    unit = daemon.Unit(target.name, pool, petri.NetConfig(10, 100, pool.n_total), "dense", target)
+    unit.enforcer = enforce.choose("cgroup", pid, None, tree_pids=set(target.tasks().values()))
+    d = daemon.Daemon([unit], interval=0.1)
+    server.close()  # no idle connection left: the next query's backend is born after the start
+    hold = threading.Thread(target=server.run_query, args=("SELECT pg_sleep(1)",))
+    with d:
+        d.start()
+        group = unit.enforcer.path
+        ours = "/" + os.path.relpath(group, m)
+        try:
+            hold.start()
+            time.sleep(0.3)
+            backend = server.run_query("SELECT pg_backend_pid()").rows[0][0]
+            d.tick()
+            assert enforce.task_cgroup(backend, 1) == ours
+            assert sorted(os.sched_getaffinity(backend)) == sorted(unit.cpus)
+            journal = unit.enforcer.session.journal.path.read_text()
+            assert f'"pid": {backend},' not in journal  # born inside: nothing journaled for it
+        finally:
+            hold.join()
+    assert not os.path.exists(group)
+    assert enforce.task_cgroup(pid, 1) == before and enforce.task_cgroup(backend, 1) == before
+    assert sorted(os.sched_getaffinity(backend)) == ALL
