@@ -179,12 +179,15 @@ def test_probe_gpu_cases_summary_and_table(tmp_path):
     s = gp.summarize(results)[0]
     assert s["local_node"] == 1 and s["figures"]["h2d_pinned"]["remote_to_local"] == 0.5
     assert s["pinned_to_pageable"] == {"h2d": 2.0, "d2h": 2.0}
-    doc = {"size_bytes": 2**28, "reps": 1, "cases": results, "summary": [s]}
+    doc = {"kind": "probe.gpu", "size_bytes": 2**28, "reps": 1, "cases": results, "summary": [s]}
+    typed = kind.KIND.view(doc)
+    assert typed.to_json() == doc  # the typed view keeps every key
     con = Console(record=True, width=160)
-    kind.render(doc, con)
+    kind.render(typed, con)
     text = con.export_text()
     assert "24.0 (24.0)" in text and "0.50x of the local node's" in text
-    assert len(kind.metrics(doc)) == 8 and kind.csv_files(doc)["gpu.csv"].count("\n") == 9
+    assert len(kind.metrics(typed)) == 8 and kind.csv_files(typed)["gpu.csv"].count("\n") == 9
+    assert kind.plots(typed, tmp_path) == [tmp_path / "gpu.png"]
 
 
 @pytest.mark.skipif(bool(devices.discover().cuda), reason="a CUDA GPU is present: the refusal does not apply")

@@ -1,4 +1,5 @@
-"""`tilewise bench elastic` end to end at a tiny scale (SF 0.01, 1 s per case)."""
+"""`tilewise bench elastic` end to end at a tiny scale (SF 0.01, 1 s per case), and its use case
+(elastic.experiment.run) refusing bad input before anything is generated, started or written."""
 
 import json
 import os
@@ -6,6 +7,8 @@ import os
 import pytest
 
 from conftest import run_cli, wait_gone
+from tilewise.elastic import experiment
+from tilewise.errors import UsageError
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
@@ -58,3 +61,16 @@ def test_bench_elastic_manages_a_process_per_connection_server(tmp_path, forking
     assert el["reaction"]["up"]["ticks"] >= 1 and el["enforce"] in ("affinity", "cgroup-v1", "cgroup-v2", "cgroup-v2 in place")
     assert {m["name"] for m in doc["metrics"]} >= {"mixed/dense/core_seconds", "mixed/dense/reaction_up"}
     assert not wait_gone("TILEWISE_TEST_TAG", forking_env["TILEWISE_TEST_TAG"]), "engine processes left behind"
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"th_min": 70.0, "th_max": 70.0}, "--th-min must be below --th-max"),
+    ({"workloads": "q6,nope"}, "unknown workload"),
+    ({"configs": "os,nope"}, "unknown config"),
+    ({"topology_src": "synthetic:Package:1 [NUMANode] L3Cache:1 Core:2 PU:1"}, "needs this machine's topology"),
+])
+def test_run_refuses_before_any_data_or_process(tmp_path, kw, message):
+    cfg = experiment.Config(data_dir=str(tmp_path / "data"), out=str(tmp_path / "out"), **kw)
+    with pytest.raises(UsageError, match=message):
+        experiment.run(cfg)
+    assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ from tilewise import topology
 from tilewise.elastic import daemon, metrics, modes, tickbench
 from tilewise.elastic.metrics import FdCache, ProcFS
 from tilewise.elastic.synthetic_proc import FIRST_ID, SyntheticProc
+from tilewise.errors import UsageError
 
 SMALL = "synthetic:Package:1 [NUMANode] L3Cache:2 Core:4 PU:1"  # 8 CPUs
 BIG = "synthetic:Package:2 [NUMANode] L3Cache:16 Core:8 PU:1"  # 256 CPUs
@@ -187,6 +188,26 @@ def test_bench_elastic_tick_cli(tmp_path):
     assert text.returncode == 0 and "mean ms" in text.stdout and "budget" in text.stdout
     shown = run_cli("report", str(tmp_path / "o"))  # the same table again from the results folder
     assert shown.returncode == 0 and "mean ms" in shown.stdout and "adaptive" in shown.stdout, shown.stderr
+
+
+class _Said:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_run_returns_and_writes_the_document_per_mode(tmp_path):
+    said = _Said()
+    cfg = tickbench.Config(topology_src=SMALL, modes="dense,sparse", ticks=6, mappings=3, out=str(tmp_path / "o"))
+    doc = tickbench.run(cfg, said)
+    assert doc["kind"] == tickbench.KIND and doc["complete"] and [c["mode"] for c in doc["cases"]] == ["dense", "sparse"]
+    assert said.lines == ["synthetic /proc, dense: ...", "synthetic /proc, sparse: ..."]
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["cases"] == doc["cases"]
+    with pytest.raises(UsageError, match="unknown mode 'nosuch'"):
+        tickbench.run(tickbench.Config(topology_src=SMALL, modes="dense,nosuch", out=str(tmp_path / "p")))
+    assert not (tmp_path / "p").exists()  # refused before anything was written
 
 
 @pytest.mark.parametrize("args, message", [

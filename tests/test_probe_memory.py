@@ -113,7 +113,7 @@ def test_emulation_is_recognised():
 GOOD = """info page_bytes 4096
 info hugepages madvise
 info hypervisor none
-placement before target=1 pages=16384 on_target=16384 other=- missing=0 policy=bind:1
+placement before target=1 pages=16384 on_target=16384 other=- missing=0 policy=bind:1 maps=1:16384
 result latency 1 120.5 118.0 119.0 125.0 ns 3 1000
 values latency 1 119.0 120.5 125.0
 result read_seq 1 10.0 11.0 9.5 10.8 GB/s 3 4
@@ -121,7 +121,7 @@ values read_seq 1 9.5 10.0 10.8
 result read_seq 2 18.0 19.0 17.0 18.5 GB/s 3 8
 values read_seq 2 17.0 18.0 18.5
 result write_nt 0 nan nan nan nan GB/s 0 0
-placement after target=1 pages=16384 on_target=16384 other=- missing=0 policy=bind:1
+placement after target=1 pages=16384 on_target=16384 other=- missing=0 policy=bind:1 maps=1:16384
 ok 0
 """
 
@@ -129,22 +129,31 @@ ok 0
 def test_parse_output_measured():
     r = M.parse_output(GOOD)
     assert r["status"] == "measured" and r["placement"]["before"]["policy"] == "bind:1"
+    assert r["placement"]["after"]["numa_maps"] == {1: 16384}
     assert r["results"]["latency"]["1"]["median"] == 120.5 and r["results"]["latency"]["1"]["values"] == [119.0, 120.5, 125.0]
     assert set(r["results"]["read_seq"]) == {"1", "2"}
     assert r["results"]["write_nt"]["0"] == {"unsupported": True, "unit": "GB/s"}
 
 
 def test_parse_output_not_measured_is_never_a_number():
-    text = ("placement before target=2 pages=100 on_target=60 other=0:40 missing=0 policy=bind:0\n"
+    text = ("placement before target=2 pages=100 on_target=60 other=0:40 missing=0 policy=bind:0 maps=0:40,2:60\n"
             "not_measured 40 of 100 pages are not on node 2 (elsewhere: 0:40, not present: 0)\n")
     r = M.parse_output(text)
     assert r["status"] == "not_measured" and r["results"] == {} and "40 of 100" in r["reason"]
-    assert r["placement"]["before"]["elsewhere"] == {0: 40}
+    assert r["placement"]["before"]["elsewhere"] == {0: 40} and r["placement"]["before"]["numa_maps"] == {0: 40, 2: 60}
+    # numa_maps, the second view, disagrees with move_pages: not measured either
+    text = ("placement before target=2 pages=100 on_target=100 other=- missing=0 policy=bind:2 maps=0:1,2:99\n"
+            "not_measured /proc/self/numa_maps counts the buffer's pages as 0:1,2:99, not all 100 on node 2\n")
+    assert M.parse_output(text)["status"] == "not_measured"
 
 
 @pytest.mark.parametrize("text", ["", "result latency 1 1 1 1 1 ns 1 1\n",  # no verdict
                                   "result latency 1 1 1 1 1 ns 3 1\nok 0\n",  # measured without a page check
-                                  "placement before target=1 pages=2 on_target=1 other=0:1 missing=0 policy=bind:1\nok 0\n",
+                                  "placement before target=1 pages=2 on_target=1 other=0:1 missing=0 policy=bind:1 maps=0:1,1:1\nok 0\n",
+                                  # numa_maps counts a page elsewhere, yet the tool measured
+                                  "placement before target=1 pages=2 on_target=2 other=- missing=0 policy=bind:1 maps=0:1,1:1\nok 0\n",
+                                  # a tool that does not report numa_maps' counts
+                                  "placement before target=1 pages=2 on_target=2 other=- missing=0 policy=bind:1\nok 0\n",
                                   "values read_seq 1 1.0\nok 0\n", "placement garbage\nok 0\n"])
 def test_parse_output_refuses_incomplete_output(text):
     with pytest.raises(M.MemoryProbeError):
@@ -165,21 +174,23 @@ def doc_of(cells, **extra) -> dict:
 
 def measured_cell(target: int) -> dict:
     return {"initiator": "node 0", "target": target, "threads": [1, 2], "size_bytes": 2**28} | M.parse_output(
-        GOOD.replace(" target=1 ", f" target={target} ").replace("bind:1", f"bind:{target}"))
+        GOOD.replace(" target=1 ", f" target={target} ").replace("bind:1", f"bind:{target}").replace("maps=1:", f"maps={target}:"))
 
 
 def test_result_kind_matrix_metrics_csv_and_heatmaps(tmp_path):
     missing = {"initiator": "node 0", "target": 1, "threads": [1, 2], "status": "not_measured",
                "reason": "40 of 100 pages are not on node 1"}
     d = doc_of([measured_cell(0), missing])
-    inits, targets, vals = K.grid(d, "read_seq")
+    t = K.KIND.view(d)  # the kind's typed document
+    assert t.to_json() == d
+    inits, targets, vals = K.grid(t, "read_seq")
     assert (inits, targets, vals) == (["node 0"], [0, 1], [[18.0, None]])  # best over thread counts; n/m stays None
-    assert K.grid(d, "latency")[2] == [[120.5, None]]
-    names = {m["name"]: m for m in K.metrics(d)}
+    assert K.grid(t, "latency")[2] == [[120.5, None]]
+    names = {m["name"]: m for m in K.metrics(t)}
     assert names["node 0->node 0/read_seq/2"]["values"] == [17.0, 18.0, 18.5]
     assert names["node 0->node 0/latency/1"]["better"] == "lower"
     assert not any("node 1" in n for n in names)
-    csv = K.csv_files(d)["memory.csv"].splitlines()
+    csv = K.csv_files(t)["memory.csv"].splitlines()
     assert csv[0].startswith("initiator,target,status") and any("not_measured" in ln and "40 of 100" in ln for ln in csv)
     from rich.console import Console
 
@@ -187,7 +198,7 @@ def test_result_kind_matrix_metrics_csv_and_heatmaps(tmp_path):
     report.render(d, con)
     text = con.export_text()
     assert "n/m" in text and "18.00" in text and "not_measured" in text
-    paths = K.plots(d, tmp_path)
+    paths = K.plots(t, tmp_path)
     assert sorted(p.name for p in paths) == ["memory_latency.png", "memory_read_seq.png"]  # write_nt unsupported: none
     assert all(p.stat().st_size > 1000 for p in paths)
 
@@ -198,9 +209,9 @@ def test_emulated_documents_say_so_everywhere():
     from rich.console import Console
 
     con = Console(record=True, width=160)
-    K.render(d, con)
+    K.render(K.KIND.view(d), con)
     assert "EMULATED" in con.export_text()
-    paths = {m["name"] for m in K.metrics(d)}
+    paths = {m["name"] for m in K.metrics(K.KIND.view(d))}
     assert paths  # the figures are kept (raw), marked in the document
     assert M.measured_paths(d)[(0, 0)]["trusted"] is False
 
@@ -251,6 +262,7 @@ def test_probe_memory_end_to_end(tmp_path):
         for when in ("before", "after"):
             p = c["placement"][when]
             assert p["pages"] == 64 * 256 and p["on_target"] == p["pages"] and p["policy"] == f"bind:{c['target']}"
+            assert p["numa_maps"] == {str(c["target"]): p["pages"]}  # the kernel's page counts agree (JSON keys)
         lat = c["results"]["latency"]["1"]
         assert 1 < lat["median"] < 100000 and len(lat["values"]) == 1
         assert c["results"]["read_seq"]["1"]["median"] > 0 and c["results"]["write"]["1"]["median"] > 0

@@ -9,6 +9,7 @@ TILEWISE_REGEN_GOLDEN=1 pytest tests/test_results_kinds.py (and say why in the c
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -53,6 +54,15 @@ def test_every_kind_loads_reads_back_and_renders_its_golden_tables(path):
     assert k.view(doc).to_json() == doc  # the typed view keeps every key
     if not path.name.startswith("elastic-log-"):
         _golden(path.parent / f"{path.stem}.report.txt", _shown(doc))
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if p.parent == V2], ids=lambda p: p.name)
+def test_the_metrics_a_kind_derives_are_the_ones_its_documents_were_written_with(path):
+    doc = model.load(path)
+    if kinds.get(doc["kind"]) is None or kinds.get(doc["kind"]).metrics is None:
+        pytest.skip(f"{doc['kind']}: the document carries its own metrics")
+    stored = json.loads(json.dumps(doc["metrics"]))
+    assert model.with_metrics(doc)["metrics"] == stored
 
 
 def test_every_kind_is_one_module_with_its_own_view():

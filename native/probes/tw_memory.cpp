@@ -3,8 +3,9 @@
 //
 // The buffer is mmap'ed, bound to the target with mbind(MPOL_BIND, MPOL_MF_STRICT) before any page
 // exists, touched by the measuring threads, and then every page's node is asked of the kernel
-// (move_pages with no destination) and the buffer's line in /proc/self/numa_maps is read. A page
-// anywhere else (or not present) means the cell is not measured: the tool prints
+// (move_pages with no destination) and the buffer's line in /proc/self/numa_maps is read (its policy and
+// its page counts per node, N<node>=<pages>: a second, independent view of where the pages are). A page
+// anywhere else (or not present, by either view) means the cell is not measured: the tool prints
 // "not_measured <reason>" and exits 0, never a figure. The check is repeated after measuring (pages
 // can move: memory-tier demotion, NUMA balancing).
 //
@@ -19,6 +20,7 @@
 // thread each). Output lines:
 //   info <key> <value>...                      page size, huge pages, hypervisor
 //   placement <when> target=T pages=N on_target=N other=<node:count,...|-> missing=N policy=<numa_maps policy>
+//             maps=<node:pages,... as numa_maps counts them|->
 //   result <test> <threads> <median> <best> <p10> <p90> <unit> <reps> <passes>
 //   values <test> <threads> <every timed repetition>...
 //   ok | not_measured <reason>
@@ -68,17 +70,23 @@ std::string hypervisor() {
 #endif
 }
 
+std::string node_counts(const std::map<int, size_t>& m) {
+    if (m.empty()) return "-";
+    std::string s;
+    for (auto& [n, c] : m) s += (s.empty() ? "" : ",") + std::to_string(n) + ":" + std::to_string(c);
+    return s;
+}
+
 struct Placement {
     size_t pages = 0, on_target = 0, missing = 0;
     std::map<int, size_t> other;
+    std::map<int, size_t> maps;  // numa_maps' N<node>=<pages> for the buffer's mapping (4 KiB pages, THP included)
     std::string policy = "?";
+    int target = -1;
     bool ok() const { return pages > 0 && on_target == pages; }
-    std::string others() const {
-        if (other.empty()) return "-";
-        std::string s;
-        for (auto& [n, c] : other) s += (s.empty() ? "" : ",") + std::to_string(n) + ":" + std::to_string(c);
-        return s;
-    }
+    // numa_maps agrees: every page counted on the target, none elsewhere
+    bool maps_ok() const { return maps.size() == 1 && maps.count(target) && maps.at(target) == pages; }
+    std::string others() const { return node_counts(other); }
 };
 
 // Where every 4 KiB page of [buf, buf+bytes) is (move_pages without destinations only reports), and
@@ -103,6 +111,7 @@ Placement check_pages(char* buf, size_t bytes, int target) {
         }
     }
     p.pages = n;
+    p.target = target;
     char key[32];
     std::snprintf(key, sizeof key, "%lx ", reinterpret_cast<unsigned long>(buf));
     if (FILE* f = std::fopen("/proc/self/numa_maps", "r")) {
@@ -111,6 +120,13 @@ Placement check_pages(char* buf, size_t bytes, int target) {
             if (std::strncmp(line, key, std::strlen(key)) == 0) {
                 std::istringstream in(line + std::strlen(key));
                 in >> p.policy;
+                std::string tok;
+                while (in >> tok) {  // N<node>=<pages>
+                    int node;
+                    unsigned long long count;
+                    char tail;
+                    if (std::sscanf(tok.c_str(), "N%d=%llu%c", &node, &count, &tail) == 2) p.maps[node] += count;
+                }
                 break;
             }
         }
@@ -120,8 +136,9 @@ Placement check_pages(char* buf, size_t bytes, int target) {
 }
 
 void print_placement(const char* when, const Placement& p, int target) {
-    std::printf("placement %s target=%d pages=%zu on_target=%zu other=%s missing=%zu policy=%s\n", when, target,
-                p.pages, p.on_target, p.others().c_str(), p.missing, p.policy.c_str());
+    std::printf("placement %s target=%d pages=%zu on_target=%zu other=%s missing=%zu policy=%s maps=%s\n", when,
+                target, p.pages, p.on_target, p.others().c_str(), p.missing, p.policy.c_str(),
+                node_counts(p.maps).c_str());
     std::fflush(stdout);
 }
 
@@ -338,6 +355,9 @@ int main(int argc, char** argv) {
             << " (elsewhere: " << before.others() << ", not present: " << before.missing << ")";
         not_measured(why.str());
     }
+    if (!before.maps_ok())
+        not_measured("/proc/self/numa_maps counts the buffer's pages as " + node_counts(before.maps) + ", not all " +
+                     std::to_string(before.pages) + " on node " + std::to_string(target));
 
     uint64_t sink = 0;
     const size_t words = bytes / 8;
@@ -436,6 +456,9 @@ int main(int argc, char** argv) {
             << " are no longer on node " << target << " (elsewhere: " << after.others() << ")";
         not_measured(why.str());
     }
+    if (!after.maps_ok())
+        not_measured("pages moved while measuring: /proc/self/numa_maps counts them as " + node_counts(after.maps) +
+                     ", not all " + std::to_string(after.pages) + " on node " + std::to_string(target));
     std::printf("ok %llu\n", (unsigned long long)(sink & 1));
     munmap(map, map_bytes);
     return 0;

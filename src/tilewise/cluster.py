@@ -21,11 +21,14 @@ import re
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise import __version__, changes, dirs, engines
+from tilewise import __version__, allocators, changes, dirs, engines, topology
+from tilewise.binding import ensure_runnable
 from tilewise.engines import procgroup
+from tilewise.engines.contract import EngineSpec
 from tilewise.engines.procgroup import ProcessCluster
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
@@ -177,6 +180,82 @@ def detect_host(address: str) -> str:
     except OSError as e:
         raise UsageError(f"cannot reach {host}:{port}: {e.strerror or e}",
                          "check the address, or pass --host ADDR") from None
+
+
+# ---- the use case: `tilewise up` and `tilewise join` ------------------------------------------------
+
+@dataclass
+class Config:
+    engine: str
+    plan: Callable[[object], Plan]  # the plan of the command's policy options, for the loaded topology
+    topology_src: str | None = None
+    name: str = "default"
+    allocator: str = "system"
+    worker_memory: str | None = None  # --worker-memory, e.g. "8g" (default: from each node's memory)
+    coordinator_memory: str | None = None
+    host: str | None = None
+    # the data set to serve, made (generated if needed) once everything else is checked: (log) -> Dataset
+    dataset: Callable[[Callable[[str], None] | None], object] | None = None
+    join: str | None = None  # the coordinator on another host (`tilewise join`): start only workers
+
+
+class Reporter:
+    def message(self, text: str) -> None: ...  # progress lines
+
+
+def start(cfg: Config, reporter: Reporter | None = None) -> dict:
+    """Start the cluster (or join its workers to cfg.join); returns its status document with the
+    start-up time and how to connect. Everything is checked before the first process starts."""
+    check_name(cfg.name)
+    allocators.get(cfg.allocator)
+    spec = engines.get(cfg.engine)
+    if cfg.join and not spec.capabilities.join:
+        raise UsageError(f"{spec.name} workers cannot join a cluster on another host",
+                         f"use {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")
+    cls = spec.runtime_class()
+    join = cls.join_address(cfg.join) if cfg.join else None
+    per_mb = _worker_mb(spec, cfg.worker_memory)
+    coord_mb = _coordinator_mb(spec, cfg.coordinator_memory)
+    why = spec.missing()
+    if why:
+        raise TilewiseError(f"{spec.title} cannot run here: {why}")
+    t = topology.load(cfg.topology_src)
+    p = cfg.plan(t)
+    ensure_runnable(p)
+    if per_mb:
+        memory = {i.id: per_mb for i in p.instances}
+    else:
+        memory = cls.default_memory_mb(p, {n.id: n.memory_bytes for n in t.numa_nodes})
+    log = reporter.message if reporter is not None else None
+    dataset = cfg.dataset(log) if cfg.dataset is not None else None
+    t0 = time.monotonic()
+    st = up(p, engine=spec.name, name=cfg.name, allocator=cfg.allocator, worker_memory_mb=memory, join=join,
+            host=cfg.host, dataset=dataset, log=log, coordinator_mb=coord_mb)
+    doc = status(st)
+    doc["startup_s"] = round(time.monotonic() - t0, 2)
+    doc["connect"] = st.cluster().connect_hints(st)
+    return doc
+
+
+def _worker_mb(spec: EngineSpec, text: str | None) -> int | None:
+    """--worker-memory for the engine's memory knob, checked against its minimum (None: not given)."""
+    if not text:
+        return None
+    knob = spec.capabilities.memory
+    if knob is None:
+        raise UsageError(f"--worker-memory sizes an engine's workers; {spec.name} has no memory setting",
+                         "drop --worker-memory")
+    return knob.parse(text, "--worker-memory")
+
+
+def _coordinator_mb(spec: EngineSpec, text: str | None) -> int | None:
+    if not text:
+        return None
+    knob = spec.capabilities.coordinator_memory
+    if knob is None:
+        owners = [s.title for s in engines.specs(lambda s: s.capabilities.coordinator_memory is not None)]
+        raise UsageError(f"--coordinator-memory sizes the {' / '.join(owners)} coordinator", f"drop it for {spec.name}")
+    return knob.parse(text, "--coordinator-memory")
 
 
 def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: dict[int, int] | None = None,

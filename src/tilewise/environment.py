@@ -17,6 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tilewise import __version__, cpulist
+from tilewise.topology.render import to_json
+
 BUSY_CPU_PCT = 10.0  # another process above this share of one CPU is "busy"
 LOAD_PER_CPU = 0.25  # 1-minute load average above this per CPU (and above 0.5): warn
 
@@ -77,9 +80,6 @@ def git_commit(path: str | os.PathLike | None = None) -> str | None:
 
 def capture(topo, **extra) -> dict:
     """The environment of a measurement on topology `topo`; `extra` adds tool-specific fields."""
-    from tilewise import __version__
-    from tilewise.topology.render import to_json
-
     env = {
         "tilewise_version": __version__,
         "git_commit": git_commit(),
@@ -174,8 +174,6 @@ def system_check(*, root: str | os.PathLike = "/", cpus: list[int] | None = None
     if gov:
         slow = {g: cs for g, cs in gov.items() if g != "performance"}
         if slow:
-            from tilewise import cpulist
-
             what = ", ".join(f"{g} on CPUs {cpulist.format(cs)}" for g, cs in slow.items())
             warnings.append(f"CPU frequency governor {what}: the clock follows the load, so timings drift; "
                             "for stable figures set it, as root: cpupower frequency-set -g performance")

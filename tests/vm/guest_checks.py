@@ -605,6 +605,9 @@ def check_tiers() -> dict:
                                "--weights", "auto", "--", "true")
     wdir = Path("/sys/kernel/mm/mempolicy/weighted_interleave")
     out["weights_after"] = {p.name: _read(p) for p in wdir.glob("node*")} if wdir.is_dir() else None
+    # the far-memory study of a workload in that tile: near, far and interleaved memory, bound as said
+    out["study"] = cli("workload", "W2", "--mem-variants", "near,far,interleave", "--records", "100000", "--runs", "2",
+                       "--warmup", "0", "--policy", "win", "--instance", str(last), "--json")
     return out
 
 

@@ -644,7 +644,7 @@ def test_probe_memory_covers_every_initiator_and_target(guests, name):
         for when in ("before", "after"):
             p = c["placement"][when]
             assert p["on_target"] == p["pages"] > 0 and not p["elsewhere"] and p["missing"] == 0, (ini, tg, p)
-            assert p["policy"] == f"bind:{tg}", p
+            assert p["policy"] == f"bind:{tg}" and p["numa_maps"] == {str(tg): p["pages"]}, p
         assert set(c["results"]) == {"latency", "read_seq", "write_nt"}
     guest_accel = guests.times[name].accel
     if guest_accel == "tcg":
@@ -660,7 +660,8 @@ def test_placement_by_tier(guests, name):
     """Each socket's instance gets the CPU-less node the firmware puts nearest to it as its far tier;
     auto weights come from the firmware's read bandwidth (the guest's own measurements would be the
     emulator's); near-then-far fills the near node, then the far one; weighted interleave is refused
-    in one line where the kernel lacks it, before any weight is written."""
+    in one line where the kernel lacks it, before any weight is written; the far-memory study of a
+    workload (W2 --mem-variants) runs each variant bound to its nodes."""
     t = TOPOLOGIES[name]
     r = guests.check(name, "tiers")
     want_far = {i: [k for k, n in enumerate(t.nodes) if not n.cpus and n.initiator == i] for i, n in enumerate(t.nodes) if n.cpus}
@@ -691,6 +692,18 @@ def test_placement_by_tier(guests, name):
         assert w["rc"] == 1 and w["stderr"].startswith("Error: memory policy weighted-interleave is not supported by "
                                                       "this kernel") and "6.9" in w["stderr"], w["stderr"]
         assert w["stderr"].count("\n") == 1 and r["weights_after"] is None
+    # the far-memory study of W2 in that tile: each variant's runs bound to its nodes (read back from
+    # /proc), the same answer in every variant, the slowdowns marked as the emulator's under TCG
+    study = ok(r["study"])
+    assert study["kind"] == "workload.far_memory" and study["complete"] and not study["wrong_answers"]
+    want = {"near": f"bind:{near}", "far": f"bind:{far}", "interleave": f"interleave:{min(near, far)},{max(near, far)}"}
+    for v, got in want.items():
+        rec = study["variants"][v]
+        assert len(rec["times_s"]) == 2 and all(x["ok"] and x["checks"]["memory"]["got"] == got
+                                                for x in rec["verification"]), (v, rec["verification"])
+    assert set(study["far_memory"]["deployments"][study["deployment"]]) == {"far", "interleave"}
+    if guests.times[name].accel == "tcg":
+        assert study["emulated"] and any("emulator's" in x for x in study["warnings"]), study.get("warnings")
 
 
 def test_cgroup2_delegation_to_a_user(guests):

@@ -94,8 +94,13 @@ def verdict(ci: tuple[float, float] | None, ratio: float | None) -> str:
 def summarize(doc: dict) -> dict:
     """Per deployment and variant: per-query slowdown against near memory (ratio of geometric means,
     95 % interval), the geometric mean over queries and the verdict."""
+    return summarize_runs(doc.get("policies", {}))
+
+
+def summarize_runs(pols: dict) -> dict:
+    """summarize() over {"<deployment>:<variant>": {"queries": {query: {"times_s": [...]}}}}: the bench
+    document's policies, or a workload's variants (tune.far_memory, one "query": the workload)."""
     out: dict = {"usable_below": USABLE, "hurts_above": HURTS, "deployments": {}}
-    pols = doc.get("policies", {})
     for name, rec in pols.items():
         if ":" not in name:
             continue
@@ -117,7 +122,7 @@ def summarize(doc: dict) -> dict:
         hurts = [q for q, v in queries.items() if v["verdict"].startswith("hurts")]
         g = stats.geomean(ratios)
         overall = ("not measured" if g is None else
-                   f"{variant}: geometric-mean slowdown {g:.2f}x over {len(ratios)} queries; usable for "
+                   f"{variant}: geometric-mean slowdown {g:.2f}x over {len(ratios)} quer{'y' if len(ratios) == 1 else 'ies'}; usable for "
                    f"{len(usable)} ({', '.join(usable) or 'none'}), hurts {len(hurts)} ({', '.join(hurts) or 'none'})")
         out["deployments"].setdefault(dep, {})[variant] = {"title": TITLES.get(variant, variant), "queries": queries,
                                                            "geomean_slowdown": g, "usable": usable, "hurts": hurts,

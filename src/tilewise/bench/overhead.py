@@ -39,9 +39,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilewise import cpulist, launch, topology
+from tilewise import plan as planner
+from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.engines.duckdb import SPEC as DUCKDB
 from tilewise.errors import TilewiseError, UsageError
-from tilewise.results import stats
+from tilewise.fsutil import atomic_write_json
+from tilewise.results import model, output, stats
 
 GOAL = 0.05
 STRETCH = 0.02
@@ -171,8 +175,6 @@ def _env(src: str | None) -> dict:
 
 def _run(argv: list[str], env: dict, timeout: float | None, what: str) -> str:
     """Run a pass in its own session; stop the whole tree on any way out (Ctrl-C included)."""
-    from tilewise import launch
-
     try:  # own group, journaled start, the whole tree stopped on any way out (Ctrl-C included)
         proc = launch.run(argv, env=env, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except subprocess.TimeoutExpired:
@@ -204,12 +206,6 @@ def _tilewise_figures(doc: dict) -> dict:
 
 
 def run(cfg: Config, rep: Reporter | None = None) -> dict:
-    from tilewise import cpulist, topology
-    from tilewise import plan as planner
-    from tilewise.benchmarks.tpch import data as tpch_data
-    from tilewise.fsutil import atomic_write_json
-    from tilewise.results import model, output
-
     rep = rep or Reporter()
     if cfg.rounds < 2:
         raise UsageError(f"--rounds must be >= 2 for an interval, got {cfg.rounds}")

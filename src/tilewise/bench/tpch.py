@@ -33,12 +33,15 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import benchmarks, changes, cpulist, engines, topology
-from tilewise.bench import far_memory
+from tilewise import allocators, benchmarks, changes, cpulist, engines, topology
+from tilewise import plan as planner
+from tilewise.bench import far_memory, validate
+from tilewise.bench.validate import RULES, NoReference
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
 from tilewise.binding import admit_weights, ensure_runnable, set_interleave_weights
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.engines.contract import EngineSpec, Query
+from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model as M
 from tilewise.results import stats
@@ -165,8 +168,6 @@ def idle_warning(label: str, instances: int, streams: int, replicas: bool) -> st
 # ---- checks before anything starts ------------------------------------------------------------
 
 def make_plans(cfg: Config, topo) -> list[tuple[str, object]]:
-    from tilewise import plan as planner
-
     plans = []
     if cfg.mem_variants and cfg.mem:
         raise UsageError("--mem-variants and --mem cannot be combined", "the variants choose each run's memory policy")
@@ -185,8 +186,6 @@ def make_plans(cfg: Config, topo) -> list[tuple[str, object]]:
 def check_config(cfg: Config, engine: EngineSpec | None = None):
     """Everything that can be checked before anything is started; returns (engine spec, topology, plans).
     engine: the engine's spec when not the registry's (cfg.engine)."""
-    from tilewise import allocators
-
     spec = benchmarks.get(cfg.benchmark)
     cfg.sf = spec.data.check_sf(cfg.sf)
     cfg.queries = spec.catalog.check(cfg.queries)
@@ -245,8 +244,6 @@ def memory_warning(dataset, plans) -> str | None:
 
 
 def _validation_rules() -> str:
-    from tilewise.bench.validate import RULES
-
     return RULES
 
 
@@ -291,8 +288,6 @@ class States:
         self.started = self.completed = 0
 
     def reference(self, i: int):
-        from tilewise.bench import validate
-
         st = self.states[i]
         key = (st.key if st is not None else "loaded", self.null_order)
         if key not in self._refs:
@@ -386,8 +381,6 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     Raises WrongAnswer after writing everything when any answer was wrong. engine_cls replaces the
     registry's engine runtime (tests drive the scheduling and validation logic with an in-process
     engine); its spec (engine_cls.spec) says what it can do."""
-    from tilewise.environment import system_check
-
     rep = reporter or Reporter()
     engine, topo, plans = check_config(cfg, engine_cls.spec if engine_cls is not None else None)
     spec = benchmarks.get(cfg.benchmark)
@@ -463,9 +456,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
                             f"on {' and '.join(title for _, title in spec.metrics.names[1:])}")
     ctx.stream_ids = stream_ids
     if cfg.validate:
-        from tilewise.bench.validate import reference_engine_version
-
-        doc["validation"]["reference"] = f"datafusion {reference_engine_version()}"
+        doc["validation"]["reference"] = f"datafusion {validate.reference_engine_version()}"
         if not spec.engine_null_order:  # else once the engine's NULL order is known (_policy)
             _prepare_references(ctx, doc)
     writer.write(doc)
@@ -510,8 +501,6 @@ def _prepare_references(ctx: _Ctx, doc: dict) -> None:
     """Every reference answer the run needs, computed now (not between runs): on the loaded data and
     what the power test sees, and each stream's own SQL where streams draw parameters. A statement
     DataFusion cannot answer is recorded as not comparable (never as valid)."""
-    from tilewise.bench import validate
-
     states, qset, cfg = ctx.states, ctx.queries, ctx.cfg
     if states.null_order in ctx.prepared:
         return
@@ -599,9 +588,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
             if i.get("binding_verified") is None:
                 rep.message(f"{label}: binding of instance {i['id']} not checkable: {i.get('detail')}")
         if cfg.validate and ctx.spec.engine_null_order:  # references sorted as this engine sorts NULLs
-            from tilewise.bench.validate import probe_null_order
-
-            ctx.states.null_order = probe_null_order(lambda sql: engine.run_query(sql).rows)
+            ctx.states.null_order = validate.probe_null_order(lambda sql: engine.run_query(sql).rows)
             _prepare_references(ctx, doc)
         total = int(cfg.warmup) + cfg.runs
         for r in range(total):
@@ -807,8 +794,6 @@ def _check(answers: list[Answer], ctx: _Ctx, label: str, rows_of: dict, detail: 
     """Every answer against the references of the data states it may have seen (after the run); an
     answer the engine could not give is recorded with its error, one without a reference answer
     is not comparable."""
-    from tilewise.bench.validate import NoReference
-
     cfg, states = ctx.cfg, ctx.states
     for a in answers:
         if a.error is not None:

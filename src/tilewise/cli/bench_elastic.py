@@ -7,8 +7,8 @@ from __future__ import annotations
 import click
 
 from tilewise import engines
-from tilewise.cli.common import AT_LEAST_1, NON_NEGATIVE, PERCENT, SECONDS, SEED, console, emit_json, json_option, \
-    topology_option
+from tilewise.cli.common import (AT_LEAST_1, NON_NEGATIVE, PERCENT, SECONDS, SEED, Messages, console, emit_json,
+                                 json_option, topology_option)
 from tilewise.cli.engines import EngineChoice
 
 
@@ -51,31 +51,18 @@ def bench_elastic(engine, sf, clients, duration, idle, workloads, query_list, co
     tilewise bench elastic --engine postgres --sf 1 --workloads mixed --queries 1,3,5,6,10,12,14
     """
     from tilewise.elastic import experiment as ex
+    from tilewise.results import report
 
     cfg = ex.Config(engine=engine, sf=sf, clients=clients, duration=duration, workloads=workloads, configs=configs,
                     queries=query_list, interval=interval, th_min=th_min, th_max=th_max, idle=idle, data_dir=data_dir,
                     out=out_dir, seed=seed, plots=not no_plot, topology_src=topology_src)
-    ex.run(cfg, _Reporter(as_json))
-
-
-class _Reporter:
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-        self.err = console(stderr=True)
-
-    def message(self, text: str) -> None:
-        if not self.as_json:
-            self.err.print(text, markup=False)
-
-    def done(self, doc: dict) -> None:
-        if self.as_json:
-            return emit_json({k: v for k, v in doc.items() if k != "cases"} |
-                             {"cases": [{k: v for k, v in c.items() if k != "raw"} for c in doc["cases"]]})
-        from tilewise.results import report
-
-        c = console(wide=True)
-        report.render(doc, c)
-        files = doc.get("files") or {}
-        plots = doc.get("plots") or []
-        c.print(f"results: {files.get('json')}" + (f", plot: {plots[0]}" if plots else "")
-                + f", daemon logs: {files.get('logs')}", markup=False)
+    doc = ex.run(cfg, Messages(quiet=as_json))
+    if as_json:
+        emit_json({k: v for k, v in doc.items() if k != "cases"} |
+                  {"cases": [{k: v for k, v in c.items() if k != "raw"} for c in doc["cases"]]})
+        return
+    c = console(wide=True)
+    report.render(doc, c)
+    files = doc.get("files") or {}
+    c.print(f"results: {files.get('json')}" + (f", plot: {doc['plots'][0]}" if doc.get("plots") else "")
+            + f", daemon logs: {files.get('logs')}", markup=False)

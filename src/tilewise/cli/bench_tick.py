@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import click
 
-from tilewise.cli.common import AT_LEAST_1, SECONDS, Number, conflicts, console, emit_json, json_option, topology_option
-from tilewise.errors import UsageError
-
-DEFAULT_SYNTHETIC = "synthetic:Package:2 [NUMANode] L3Cache:16 Core:8 PU:1"  # 256 CPUs
+from tilewise.cli.common import (AT_LEAST_1, SECONDS, Messages, Number, conflicts, console, emit_json, json_option,
+                                 topology_option)
 
 
 @click.command("elastic-tick")
@@ -38,53 +36,16 @@ def bench_tick(proc_kind, topology_src, mode_list, threads, processes, ticks, ma
     tilewise bench elastic-tick --topology synthetic:"Package:1 [NUMANode] L3Cache:2 Core:8 PU:1"
     tilewise bench elastic-tick --proc real --threads 16 --duration 10
     """
-    from tilewise import topology
-    from tilewise.elastic import modes as M
     from tilewise.elastic import tickbench as tb
-    from tilewise.results import model, report
-    from tilewise.results.output import Writer
+    from tilewise.results import report
 
-    chosen = [m.strip() for m in mode_list.split(",") if m.strip()]
-    bad = [m for m in chosen if m not in M.MODES]
-    if bad or not chosen:
-        raise UsageError(f"unknown mode {bad[0] if bad else mode_list!r}", f"choose from {', '.join(M.MODES)}")
     if proc_kind == "real":
         conflicts("--proc real", ("processes", "ticks", "mappings"), "--processes, --ticks and --mappings shape the synthetic /proc")
     else:
         conflicts("--proc synthetic", ("duration", "busy", "enforce"), "--duration, --busy and --enforce are for --proc real")
-    if proc_kind == "real":
-        if topology_src:
-            raise UsageError("--proc real runs on this machine's topology", "drop --topology")
-        topo = topology.load(None)
-    else:
-        topology_src = topology_src or DEFAULT_SYNTHETIC
-        topo = topology.load(topology_src)
-    writer = Writer(out_dir, plots=False)  # a bad --out fails before anything runs
-    say = console(stderr=True)
-    doc = model.new(tb.KIND, topo=topo, params={
-        "proc": proc_kind, "modes": chosen, "threads": threads, "processes": processes, "ticks": ticks,
-        "mappings": mappings, "duration": duration, "busy": busy, "enforce": enforce, "interval": interval,
-        "pages_interval": pages_interval})
-    doc.update({"proc": proc_kind, "cases": []})
-    cases = doc["cases"]
-    try:
-        for m in chosen:
-            if not as_json:
-                say.print(f"{proc_kind} /proc, {m}: ...", markup=False)
-            if proc_kind == "synthetic":
-                cases.append(tb.run_synthetic(topology_src, threads=threads, processes=processes, mode=m, ticks=ticks,
-                                              interval=interval, pages_interval=pages_interval, mappings=mappings))
-            else:
-                cases.append(tb.run_real(threads=threads or 16, busy=busy, mode=m, duration=duration, interval=interval,
-                                         pages_interval=pages_interval, enforce="auto" if enforce == "none" else enforce,
-                                         dry_run=enforce == "none"))
-            writer.write(doc)  # after each mode: a late failure loses nothing
-    except BaseException as e:
-        model.stopped(doc, e)
-        writer.write(doc)
-        raise
-    model.finish(doc, complete=True)
-    writer.write(doc)
+    cfg = tb.Config(proc_kind, topology_src, mode_list, threads, processes, ticks, mappings, duration, busy, enforce,
+                    interval, pages_interval, out_dir)
+    doc = tb.run(cfg, Messages(quiet=as_json))
     if as_json:
         emit_json(doc)
         return

@@ -8,15 +8,12 @@ unbound instance); 130 interrupted (everything `up` had started was stopped).
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 
-from tilewise import allocators, cpulist, engines, topology
-from tilewise.binding import ensure_runnable
-from tilewise.cli.common import INDEX, SECONDS, console, emit_json, json_option, topology_option
-from tilewise.cli.engines import (EngineChoice, LazyHelpOption, coordinator_help, coordinator_mb, engine_summaries,
-                                  memory_help, memory_mb)
+from tilewise import allocators, cpulist, engines
+from tilewise.cli.common import INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
+from tilewise.cli.engines import EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, memory_help
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import TilewiseError, UsageError
 
@@ -56,8 +53,8 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
     """Start a bound cluster that keeps running; print how to connect.
 
-    One bound worker per plan instance (a Spark or Trino worker, a DuckDB server, ...), verified
-    from /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
+    One bound worker per plan instance (the engine's worker or server: --engine), verified from
+    /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
     """
     _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json)
@@ -66,8 +63,9 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
 @click.command("join")
 @click.option("--engine", "-e", required=True, type=EngineChoice(lambda s: s.capabilities.join),
               help="The engine of the cluster to join (engines whose workers can join from other hosts).")
-@click.option("--coordinator", required=True, metavar="HOST:PORT",
-              help="The coordinator or master (Trino, Spark) started by `tilewise up` on another host.")
+@click.option("--coordinator", required=True, metavar="HOST:PORT", cls=LazyHelpOption,
+              help_text=lambda: "The coordinator or master ({}) started by `tilewise up` on another host.".format(
+                  ", ".join(s.title for s in engines.specs(lambda s: s.capabilities.join))))
 @_worker_options
 @json_option
 def join_cmd(engine, coordinator, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set,
@@ -86,40 +84,16 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
     from tilewise import cluster
 
-    cluster.check_name(name)
-    allocators.get(allocator)
-    spec = engines.get(engine)
-    if join and not spec.capabilities.join:
-        raise UsageError(f"{spec.name} workers cannot join a cluster on another host",
-                         f"use {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")
-    cls = spec.runtime_class()
-    if join:
-        join = cls.join_address(join)
-    per_mb = memory_mb(spec, worker_memory)
-    coord_mb = coordinator_mb(spec, coordinator_memory)
-    why = spec.missing()
-    if why:
-        raise TilewiseError(f"{spec.title} cannot run here: {why}")
-    t = topology.load(topology_src)
-    p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed)
-    ensure_runnable(p)
-    if per_mb:
-        memory = {i.id: per_mb for i in p.instances}
-    else:
-        memory = cls.default_memory_mb(p, {n.id: n.memory_bytes for n in t.numa_nodes})
-    err = console(stderr=True)
-    log = (lambda msg: err.print(f"tilewise: {msg}", markup=False)) if not as_json else None
-    dataset = None
-    if sf is not None:
+    def dataset(log):  # --sf: TPC-H, generated if needed
         from tilewise.benchmarks.tpch import data as tpch_data
 
-        dataset = tpch_data.dataset(sf, data_dir, log=log)
-    t0 = time.monotonic()
-    st = cluster.up(p, engine=spec.name, name=name, allocator=allocator, worker_memory_mb=memory, join=join,
-                    host=host, dataset=dataset, log=log, coordinator_mb=coord_mb)
-    doc = cluster.status(st)
-    doc["startup_s"] = round(time.monotonic() - t0, 2)
-    doc["connect"] = st.cluster().connect_hints(st)
+        return tpch_data.dataset(sf, data_dir, log=log)
+
+    cfg = cluster.Config(engine, lambda t: make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads,
+                                                     working_set, skewed),
+                         topology_src, name, allocator, worker_memory, coordinator_memory, host,
+                         dataset if sf is not None else None, join)
+    doc = cluster.start(cfg, None if as_json else Messages(prefix="tilewise: "))
     if as_json:
         emit_json(doc)
         return

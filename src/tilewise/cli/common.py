@@ -106,6 +106,18 @@ def console(stderr: bool = False, *, wide: bool = False):
     return c
 
 
+class Messages:
+    """A use case's reporter: its lines on stderr (after `prefix`), none when quiet (--json)."""
+
+    def __init__(self, quiet: bool = False, prefix: str = "") -> None:
+        self.quiet, self.prefix = quiet, prefix
+        self.err = console(stderr=True)
+
+    def message(self, text: str) -> None:
+        if not self.quiet:
+            self.err.print(self.prefix + text, markup=False)
+
+
 class ProgressBars:
     """Rich progress bars on stderr with messages printed above them; shown only on a terminal
     (plain messages otherwise). A context manager; subclasses add the bars they need."""

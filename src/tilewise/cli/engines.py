@@ -64,26 +64,6 @@ def coordinator_help() -> str:
     return f"Memory of the coordinator, e.g. 2g ({knobs})."
 
 
-def memory_mb(spec, text: str | None, flag: str = "--worker-memory") -> int | None:
-    """A memory size for the engine's memory knob, checked against its minimum (None: not given)."""
-    if not text:
-        return None
-    knob = spec.capabilities.memory
-    if knob is None:
-        raise UsageError(f"{flag} sizes an engine's workers; {spec.name} has no memory setting", f"drop {flag}")
-    return knob.parse(text, flag)
-
-
-def coordinator_mb(spec, text: str | None) -> int | None:
-    if not text:
-        return None
-    knob = spec.capabilities.coordinator_memory
-    if knob is None:
-        owners = [s.title for s in engines.specs(lambda s: s.capabilities.coordinator_memory is not None)]
-        raise UsageError(f"--coordinator-memory sizes the {' / '.join(owners)} coordinator", f"drop it for {spec.name}")
-    return knob.parse(text, "--coordinator-memory")
-
-
 # ---- tilewise engines ... --------------------------------------------------------------------
 
 class _RichProgress:
@@ -124,6 +104,12 @@ class _RichProgress:
             self.err.print(f"tilewise: {text}", markup=False)
 
 
+def install_help() -> str:
+    steps = "; ".join(f"{s.name}: {s.install_help}" for s in engines.specs(lambda s: s.install is not None
+                                                                            and s.install_help))
+    return "The release to install" + (f" ({steps})." if steps else " (default: the engine's own).")
+
+
 def engine_rows() -> list[dict]:
     rows = []
     for name in engines.names():
@@ -149,7 +135,7 @@ def _installable(name: str):
 
 @click.group("engines")
 def engines_cmd() -> None:
-    """Engines tilewise can drive, and installing the ones that are not pip packages (Trino)."""
+    """Engines tilewise can drive, and installing the ones that are not pip packages."""
 
 
 @engines_cmd.command("list")
@@ -168,13 +154,11 @@ def list_cmd(as_json):
 
 @engines_cmd.command("install")
 @click.argument("name")
-@click.option("--version", "ver", default=None, metavar="V",
-              help="The release to install (trino: default 476, or TILEWISE_TRINO_VERSION; the mirror serves 352, "
-                   "356, 368, 470, 476).")
+@click.option("--version", "ver", default=None, metavar="V", cls=LazyHelpOption, help_text=install_help)
 @click.option("--keep-tarball", is_flag=True, help="Keep the downloaded archive beside the unpacked server.")
 @json_option
 def install_cmd(name, ver, keep_tarball, as_json):
-    """Download and unpack an engine into the user cache (trino: about 820 MB, checked, resumable)."""
+    """Download and unpack an engine that is not a pip package into the user cache (checked, resumable)."""
     spec = _installable(name)
     doc = spec.install(ver, _RichProgress(quiet=as_json), keep_tarball)
     if as_json:

@@ -3,11 +3,13 @@ operators T1-T3, options in workload_tensor.py) under one configuration."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from tilewise import allocators, topology
-from tilewise.cli.common import (AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, conflicts, console, emit_json, explicit,
-                                 json_option, topology_option)
+from tilewise import allocators
+from tilewise.cli.common import (AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, Messages, conflicts, console, emit_json,
+                                 explicit, json_option, topology_option)
 from tilewise.cli.workload_tensor import TENSOR_OPTIONS, tensor_options
 from tilewise.errors import UsageError
 
@@ -73,6 +75,11 @@ def os_options(f):
               help="first-touch (default), interleave[:NODES], local, preferred[:N], membind[:NODES].")
 @click.option("--placement", type=click.Choice(["none", "sparse", "dense"]), default=None,
               help="Thread placement inside the process (default none: the OS schedules).")
+@click.option("--mem-variants", "mem_variants", default=None, metavar="LIST",
+              help="W1-W4: the far-memory study: run in one tile of --policy (default win, --instance 0) with the data "
+                   "in near memory, its far tier, interleaved over both, weighted by bandwidth "
+                   "(near,far,interleave,weighted), --runs each; the slowdown against near memory with a verdict. "
+                   "Without a far tier it says so and runs nothing.")
 @click.option("--config", "config_path", metavar="FILE", help="A configuration written by `tilewise tune` (flags win).")
 @os_options
 @click.option("--timeout", type=SECONDS, default=600, show_default=True, help="Seconds before the run is stopped.")
@@ -83,7 +90,7 @@ def os_options(f):
 @topology_option
 @json_option
 def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale,
-                 allocator, mem, placement, config_path, apply_os, thp, autonuma, os_root, timeout, dry_run,
+                 allocator, mem, placement, mem_variants, config_path, apply_os, thp, autonuma, os_root, timeout, dry_run,
                  out_dir, device, variants_text, rename_method, bincount_memory_text, scale, iterations, tolerance,
                  damping, dtype, runs, warmup, policy, instance_id, topology_src, as_json):
     """Run one workload (W1 holistic aggregation, W2 distributive aggregation, W3 hash join,
@@ -92,12 +99,18 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
     and thread placement; print its result (time, max RSS, checksum; T1-T3: every variant's time,
     ratios and the check of its answer)."""
     from tilewise.cli import workload_tensor as wt
+    from tilewise.results import report
     from tilewise.tensor import is_tensor_workload
-    from tilewise.tune import knobs, workloads as wl
-    from tilewise.tune.os_switches import OsSwitches
+    from tilewise.tune import workload_session as session
+    from tilewise.tune import workloads as wl
 
-    tensor = is_tensor_workload(name)
-    if tensor:
+    k = session.Knobs(allocator, mem, placement, config_path, apply_os, thp, autonuma, os_root)
+    if mem_variants is not None:
+        if is_tensor_workload(name) or name.strip().lower() == "alloc":
+            raise UsageError(f"--mem-variants applies to the workloads W1-W4, not {name.strip()}",
+                             "the far-memory study runs W1-W4 (and `tilewise bench tpch --mem-variants`)")
+        conflicts("--mem-variants", ("mem",), "the variants choose each run's memory policy")
+    if is_tensor_workload(name):
         w = name.strip().upper()
         given = explicit("ops", "slots")
         if given:
@@ -106,85 +119,51 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
         p = wt.make_params(w, dataset, records, groups, zipf_exponent, ratio, threads, seed, paper_scale, device,
                            variants_text, rename_method, bincount_memory_text, scale, iterations, tolerance, damping,
                            dtype, runs, warmup)
+        return wt.run(p, k, policy, instance_id, timeout, dry_run, out_dir, topology_src, as_json)
+    # the far-memory study runs in a tile of a plan, several times per variant
+    study = ("runs", "warmup", "policy", "instance_id") if mem_variants is not None else ()
+    given = explicit(*(o for o in TENSOR_OPTIONS if o not in study))
+    if given:
+        raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the tensor workloads "
+                         f"T1-T3, not {name.strip()}")
+    try:
+        w = wl.canonical(name)
+    except UsageError:
+        raise UsageError(f"unknown workload {name!r}", f"choose one of {', '.join(WORKLOAD_NAMES)}") from None
+    p = make_params(w, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale)
+    cfg = session.Config(w, p, k, timeout=timeout, out=out_dir, topology_src=topology_src)
+    rep = Messages(quiet=as_json)
+    if mem_variants is not None:
+        fm = session.FarMemory(mem_variants, (policy or "win").strip().lower(), instance_id or 0, runs, warmup)
+        if dry_run:
+            return show_variants(session.describe_far_memory(cfg, fm, rep), as_json)
+        doc = session.run_far_memory(cfg, fm, Messages(quiet=as_json, prefix="tilewise: "))
+    elif dry_run:
+        return show_dry_run(session.describe(cfg, rep), as_json)
     else:
-        given = explicit(*TENSOR_OPTIONS)
-        if given:
-            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the tensor workloads "
-                             f"T1-T3, not {name.strip()}")
-        try:
-            w = wl.canonical(name)
-        except UsageError:
-            raise UsageError(f"unknown workload {name!r}", f"choose one of {', '.join(WORKLOAD_NAMES)}") from None
-        p = make_params(w, dataset, records, groups, zipf_exponent, ratio, ops, slots, threads, seed, paper_scale)
-    if topology_src and not dry_run:
-        raise UsageError("--topology is for --dry-run only: workloads run on this machine", "add --dry-run, or drop --topology")
-    t = topology.load(topology_src)
-    base = knobs.load_config(config_path).config if config_path else knobs.Config()
-    alloc = allocators.get(allocator).name if allocator else base.allocator
-    if mem:
-        mpol, mnodes = knobs.parse_mem(mem, t)
-    else:
-        mpol, mnodes = base.mem, base.mem_nodes
-    cfg = knobs.Config(alloc, mpol, mnodes, placement or base.placement,
-                       thp if thp is not None else (base.thp if apply_os else None),
-                       autonuma if autonuma is not None else (base.autonuma if apply_os else None))
-    if not apply_os and (base.thp is not None or base.autonuma is not None) and not as_json:
-        console(stderr=True).print(f"note: {config_path} also sets OS switches ({base.os_label()}); "
-                                   "they are applied only with --apply-os (as root)", markup=False)
-    sw = OsSwitches(os_root)
-    desired = cfg.os_desired()
-    if desired and not apply_os:
-        raise UsageError("--thp/--autonuma change the OS and need --apply-os (as root)")
-    state = sw.state()
-    if tensor:
-        return wt.run_cmd(p, cfg, t, sw, desired, apply_os, policy, instance_id, timeout, dry_run, out_dir,
-                          topology_src, as_json, _null)
-    import os
-
-    allowed = None if topology_src else set(os.sched_getaffinity(0))
-    pin = knobs.thread_order(t, cfg.placement, p.threads or len(allowed or t.pus), allowed)
-    if dry_run:
-        argv = wl.argv(w, p, pin)
-        doc = {"workload": w, "argv": argv, "config": cfg.to_json(), "pin": pin,
-               "reproduce": cfg.reproduce_env(argv), "os_switches": {k: v.to_json() for k, v in state.items()}}
-        if as_json:
-            emit_json(doc)
-        else:
-            out = console()
-            out.print(f"{w}: {wl.DESCRIPTIONS[w]}", markup=False)
-            out.print(f"config: {cfg.label()}", markup=False)
-            out.print(f"thread CPUs: {pin if pin else 'none (OS schedules)'}", markup=False)
-            out.print(f"command: {cfg.reproduce_env(argv)}", markup=False)
-        return
-    from tilewise.environment import system_check
-    from tilewise.results import model, report
-    from tilewise.results.output import Writer
-
-    writer = Writer(out_dir) if out_dir else Writer(None)  # a bad --out fails before the run
-    doc = model.new("workload", topo=t, system_check=system_check(numa_nodes=len(t.cpu_nodes)),
-                    params={"workload": w, **p.to_json(), "config": cfg.to_json(), "timeout_s": timeout})
-    ctx = sw.applied(desired) if apply_os else _null()
-    with ctx as changes:
-        run_state = sw.state()
-        r = wl.run_workload(w, p, cfg, t, timeout=timeout)
-    doc.update({"workload": w, "config": cfg.to_json(), "label": cfg.label(),
-                "result": r.result, "wall_s": r.wall_s, "allocator_verified": r.allocator_verified,
-                "verification": r.verification,
-                "os_switches": {k: v.to_json() for k, v in run_state.items()},
-                "os_changed": [c.to_json() for c in changes], "os_restored": bool(changes)})
-    model.finish(doc, complete=True)
-    writer.write(doc)
+        doc = session.run(cfg, rep)
     if as_json:
-        emit_json(doc)
-        return
+        return emit_json(doc)
     report.render(doc, console(wide=True))
-    if writer.json_path:
-        console().print(f"wrote {writer.json_path}", markup=False)
+    if out_dir:
+        console().print(f"wrote {Path(out_dir) / 'results.json'}", markup=False)
 
 
-class _null:
-    def __enter__(self):
-        return []
+def show_dry_run(doc: dict, as_json: bool) -> None:
+    from tilewise.tune import knobs, workloads as wl
 
-    def __exit__(self, *exc):
-        return False
+    if as_json:
+        return emit_json(doc)
+    out = console()
+    out.print(f"{doc['workload']}: {wl.DESCRIPTIONS[doc['workload']]}", markup=False)
+    out.print(f"config: {knobs.Config.from_json(doc['config']).label()}", markup=False)
+    out.print(f"thread CPUs: {doc['pin'] if doc['pin'] else 'none (OS schedules)'}", markup=False)
+    out.print(f"command: {doc['reproduce']}", markup=False)
+
+
+def show_variants(doc: dict, as_json: bool) -> None:
+    if as_json:
+        return emit_json(doc)
+    out = console()
+    for v in doc["variants"]:
+        out.print(f"{v['name']}: {v['describe']} ({v['mem_reason']})", markup=False)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tilewise import dirs
+from tilewise import launch, procs
 from tilewise.data import TABLES
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json, replace_dir
@@ -121,8 +122,6 @@ def run_with_size_progress(cmd: list[str], out_dir: Path, *, task: str, expected
     """Run a generator subprocess; while it runs, report the bytes it has written under out_dir.
     Raises TilewiseError with the tail of its stderr when it fails; kills it on any exception."""
     import subprocess
-
-    from tilewise import launch, procs
 
     proc = launch.spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err: list[str] = []

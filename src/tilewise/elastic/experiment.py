@@ -33,9 +33,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilewise import engines
+from tilewise import benchmarks, engines, topology
 from tilewise import plan as planner
+from tilewise.benchmarks.tpch import data as tpch_data
+from tilewise.benchmarks.tpch import queries as tpch_queries
+from tilewise.elastic import daemon, enforce, modes, petri
+from tilewise.elastic.metrics import tree_cpu_seconds
 from tilewise.engines.contract import EngineSpec, Query
+from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model
 from tilewise.results import stats as S
@@ -60,21 +65,18 @@ class Config:
     th_max: float = 70.0
     idle: float = 1.0  # seconds without load before and after the clients (the steps)
     data_dir: str | None = None
-    out: str = "results/elastic"
+    out: str | Path = "results/elastic"  # results.json, elastic.png, logs/<case>.jsonl
     seed: int = 1
     plots: bool = True
     topology_src: str | None = None
 
 
 class Reporter:
-    def message(self, text: str) -> None: ...
-    def done(self, doc: dict) -> None: ...
+    def message(self, text: str) -> None: ...  # progress lines
 
 
 def _clients(runtime, queries: dict[int, str], clients: int, duration: float, seed: int, root: int) -> dict:
     """N client threads, each looping over its queries on instance 0 until the duration is over."""
-    from tilewise.elastic.metrics import tree_cpu_seconds
-
     stop_at = time.perf_counter() + duration
     records: list[list] = []
     errors: list[str] = []
@@ -124,8 +126,6 @@ def run_case(*, config: str, workload: str, data, queries: dict, clients: int, d
              spec: EngineSpec | None = None, idle: float = 0.0) -> dict:
     """One case on `data` (a TPC-H Dataset: the engine loads all of it, as paper 002's database
     held the whole TPC-H set for its Q6 runs too)."""
-    from tilewise.elastic import daemon, enforce, modes, petri
-
     spec = spec or engines.get(engines.DEFAULT_BENCH)
     check_engine(spec)
     texts = {n: spec.sql(sql, Query("tpch", n, 0, f"q{int(n):02d}")) for n, sql in queries.items()}
@@ -272,11 +272,9 @@ def _time_weighted(timeline: list, wall: float, first: float = 1.0) -> float:
 
 
 def queries_for(workload: str, selection: str | None = None) -> dict:
-    from tilewise.benchmarks.tpch import queries
-
     if workload == "q6":
-        return {6: queries.load(6)}
-    return {n: queries.load(n) for n in queries.parse_selection(selection)}
+        return {6: tpch_queries.load(6)}
+    return {n: tpch_queries.load(n) for n in tpch_queries.parse_selection(selection)}
 
 
 def check_choice(text: str, allowed: tuple, what: str) -> list[str]:
@@ -300,11 +298,8 @@ def notes(t) -> list[str]:
 
 
 def run(cfg: Config, reporter: Reporter | None = None) -> dict:
-    """Every workload x configuration; the results document (written after each case)."""
-    from tilewise import benchmarks, topology
-    from tilewise.benchmarks.tpch import data as tpch_data
-    from tilewise.environment import system_check
-
+    """Every workload x configuration; returns the elastic results document, rewritten in cfg.out
+    after each case (a late failure loses nothing) and marked stopped when interrupted."""
     rep = reporter or Reporter()
     if cfg.th_min >= cfg.th_max:
         raise UsageError(f"--th-min must be below --th-max (got {cfg.th_min:g}, {cfg.th_max:g})")
@@ -350,7 +345,6 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     model.finish(doc, complete=True)
     doc["files"] = {"json": str(writer.json_path), "logs": str(out / "logs")}
     writer.write(doc, plots=cfg.plots)
-    rep.done(doc)
     return doc
 
 

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from tilewise.errors import TilewiseError
+from tilewise import procs
 from tilewise.procs import read_text
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -386,8 +387,6 @@ def tree_cpu_seconds(pid: int, proc: str = "/proc") -> float | None:
     of the tree (pid and its descendants) its own user + system time and its reaped children's
     (cutime + cstime: a postmaster that reaps a backend adds the backend's time to its own). None
     when pid is gone."""
-    from tilewise import procs
-
     table = procs.scan(proc)
     if pid not in table:
         return None

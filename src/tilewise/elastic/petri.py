@@ -24,6 +24,7 @@ the firing log. No I/O, no clock: the daemon supplies both.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from tilewise.errors import UsageError
 
 PLACES = ("Idle", "Stable", "Overload", "Provision", "Checks")
 TRANSITIONS = ("t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7")
@@ -48,8 +49,6 @@ class NetConfig:
     n_total: int = 1  # cores the target may ever get (the allowed set)
 
     def __post_init__(self) -> None:
-        from tilewise.errors import UsageError
-
         if not self.th_min < self.th_max:
             raise UsageError(f"th_min ({self.th_min}) must be below th_max ({self.th_max})")
         if self.n_total < 1:

@@ -11,6 +11,8 @@ CPU clock around ``tick()``, as ``tilewise elastic --stats`` reports it.
 real: a child process with busy threads on this machine, managed by the real daemon (real clock,
 real enforcement unless --dry-run) for a duration; besides per-tick CPU it reports the daemon's CPU
 time over the wall time (share of one core).
+
+`tilewise bench elastic-tick` is ``run(config, reporter)``: the elastic.tick results document.
 """
 
 from __future__ import annotations
@@ -19,15 +21,21 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from tilewise import launch, procs, topology
 from tilewise.elastic import daemon, modes, petri
+from tilewise.elastic import enforce as enf
 from tilewise.elastic.metrics import ProcFS
 from tilewise.elastic.synthetic_proc import SyntheticProc
+from tilewise.errors import UsageError
+from tilewise.results import model
 from tilewise.results import stats as S
+from tilewise.results.output import Writer
 
 KIND = "elastic.tick"  # its results kind (results.kinds.elastic_tick); before it, "tilewise-elastic-tick/1"
+DEFAULT_SYNTHETIC = "synthetic:Package:2 [NUMANode] L3Cache:16 Core:8 PU:1"  # 256 CPUs
 BUDGET_CORE_PCT = 1.0  # DESIGN.md: the daemon takes under 1 % of one core
 
 
@@ -81,8 +89,6 @@ def demand_profile(i: int, ticks: int, n_total: int) -> float:
 def run_synthetic(topology_src: str, *, threads: int | None = None, processes: int = 1, mode: str = "adaptive",
                   ticks: int | None = None, interval: float = 0.1, pages_interval: float = 1.0, mappings: int = 500,
                   th_min: float = 10.0, th_max: float = 70.0, workdir: str | None = None) -> dict:
-    from tilewise import topology
-
     t = topology.load(topology_src)
     pool = modes.make_pool(t, None, smt=False)
     n_threads = threads or len(t.pus)  # a DBMS sizes its pool from the CPUs it may use
@@ -150,11 +156,7 @@ def run_real(*, threads: int = 16, busy: float = 0.5, mode: str = "adaptive", du
              interval: float = 0.1, pages_interval: float = 1.0, enforce: str = "auto", dry_run: bool = False,
              th_min: float = 10.0, th_max: float = 70.0) -> dict:
     """Spawn a target with `threads` threads, each busy `busy` of the time, and run the daemon on it."""
-    from tilewise import topology
-    from tilewise.elastic import enforce as enf
-
     t = topology.load(None)
-    from tilewise import launch, procs
 
     child = launch.spawn([sys.executable, "-c", _BURNER, str(threads), str(busy)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -195,3 +197,70 @@ def run_real(*, threads: int = 16, busy: float = 0.5, mode: str = "adaptive", du
                 f.close()
             except OSError:
                 pass
+
+
+# ---- the use case: `tilewise bench elastic-tick` -----------------------------------------------
+
+@dataclass
+class Config:
+    proc: str = "synthetic"  # synthetic: a generated /proc on topology_src; real: a target on this machine
+    topology_src: str | None = None  # synthetic: default DEFAULT_SYNTHETIC; real: this machine only
+    modes: str = "dense,sparse,adaptive"
+    threads: int | None = None  # the target's (synthetic: one per CPU; real: 16)
+    processes: int = 1  # synthetic
+    ticks: int | None = None  # synthetic (default: auto_ticks)
+    mappings: int = 500  # synthetic: lines of each numa_maps
+    duration: float = 10.0  # real: seconds per mode
+    busy: float = 0.5  # real
+    enforce: str = "auto"  # real: auto, cgroup, affinity, none (measure and decide only)
+    interval: float = 0.1
+    pages_interval: float = 1.0
+    out: str | None = None  # also write results.json (and results.csv) here
+
+
+class Reporter:
+    def message(self, text: str) -> None: ...
+
+
+def run(cfg: Config, reporter: Reporter | None = None) -> dict:
+    """Every mode; returns the results document (rewritten in cfg.out after each mode and when
+    interrupted: a late failure loses nothing)."""
+    rep = reporter or Reporter()
+    chosen = [m.strip() for m in cfg.modes.split(",") if m.strip()]
+    bad = [m for m in chosen if m not in modes.MODES]
+    if bad or not chosen:
+        raise UsageError(f"unknown mode {bad[0] if bad else cfg.modes!r}", f"choose from {', '.join(modes.MODES)}")
+    src = cfg.topology_src
+    if cfg.proc == "real":
+        if src:
+            raise UsageError("--proc real runs on this machine's topology", "drop --topology")
+        topo = topology.load(None)
+    else:
+        src = src or DEFAULT_SYNTHETIC
+        topo = topology.load(src)
+    writer = Writer(cfg.out, plots=False)  # a bad --out fails before anything runs
+    doc = model.new(KIND, topo=topo, params={
+        "proc": cfg.proc, "modes": chosen, "threads": cfg.threads, "processes": cfg.processes, "ticks": cfg.ticks,
+        "mappings": cfg.mappings, "duration": cfg.duration, "busy": cfg.busy, "enforce": cfg.enforce,
+        "interval": cfg.interval, "pages_interval": cfg.pages_interval})
+    doc.update({"proc": cfg.proc, "cases": []})
+    try:
+        for m in chosen:
+            rep.message(f"{cfg.proc} /proc, {m}: ...")
+            if cfg.proc == "synthetic":
+                doc["cases"].append(run_synthetic(src, threads=cfg.threads, processes=cfg.processes, mode=m,
+                                                  ticks=cfg.ticks, interval=cfg.interval,
+                                                  pages_interval=cfg.pages_interval, mappings=cfg.mappings))
+            else:
+                doc["cases"].append(run_real(threads=cfg.threads or 16, busy=cfg.busy, mode=m, duration=cfg.duration,
+                                             interval=cfg.interval, pages_interval=cfg.pages_interval,
+                                             enforce="auto" if cfg.enforce == "none" else cfg.enforce,
+                                             dry_run=cfg.enforce == "none"))
+            writer.write(doc)  # after each mode: a late failure loses nothing
+    except BaseException as e:
+        model.stopped(doc, e)
+        writer.write(doc)
+        raise
+    model.finish(doc, complete=True)
+    writer.write(doc)
+    return doc

@@ -75,6 +75,9 @@ class EngineSpec:
     # -> a dict of what was installed (shown by `tilewise engines install`); uninstall(version) -> paths removed
     install: Callable[..., dict] | None = None
     uninstall: Callable[..., list[str]] | None = None
+    # what `engines install NAME --version` takes and what it downloads, for its help text, e.g.
+    # "default 476 (or TILEWISE_TRINO_VERSION); about 820 MB"
+    install_help: str = ""
     # rewrite a benchmark query's text into the engine's dialect (None: it runs the text as written)
     dialect: Callable[[str, Query], str] | None = None
     endpoint_label: str = "at"  # how `status` names its endpoint: "master", "coordinator", "sockets in"

@@ -20,12 +20,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from tilewise import cpulist, devices, native
+from tilewise import cpulist, devices, native, topology
 from tilewise.binding import Binding
+from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.launch import Supervisor
+from tilewise.results import model
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORY = ("pinned", "pageable")
@@ -87,8 +90,8 @@ def summarize(case_results: list[dict]) -> list[dict]:
 
 # ---- running (the parent) ---------------------------------------------------------------------------
 
-def run(topo, gpus, size: int, reps: int, nodes: tuple[int, ...] | None = None, timeout: float = 300,
-        on_case=None) -> list[dict]:
+def run_cases(topo, gpus, size: int, reps: int, nodes: tuple[int, ...] | None = None, timeout: float = 300,
+              on_case=None) -> list[dict]:
     """Every case in its own bound process (verified from /proc before it measures); results in
     case order, given to on_case after each."""
     results = []
@@ -120,6 +123,47 @@ def run(topo, gpus, size: int, reps: int, nodes: tuple[int, ...] | None = None, 
         if on_case:
             on_case(results)
     return results
+
+
+@dataclass
+class Config:
+    device: str = "cuda"  # cuda[:N|:UUID], or all: every GPU CUDA can use
+    size: int = 256 * 2**20  # bytes moved per copy
+    reps: int = 20  # timed copies per figure (a warm-up first)
+    nodes: str | None = None  # --nodes: host memory on these NUMA nodes (default: all with memory)
+    timeout: float = 300  # seconds per (GPU, node)
+
+
+def run(cfg: Config, reporter=None, *, writer: Callable[[dict], None] | None = None) -> dict:
+    """Every GPU from every node; returns the probe.gpu results document with its summary and
+    metrics (given to `writer` after each case and when interrupted)."""
+    write = writer or (lambda doc: None)
+    found = devices.discover()
+    if cfg.device.strip().lower() == "all":
+        if not found.cuda:
+            devices.resolve_cuda("cuda", found)  # the one-line refusal, with what is here
+        gpus = list(found.cuda)
+    else:
+        gpus = [devices.resolve_cuda(cfg.device, found)]
+    t = topology.load(None)
+    nodes = tuple(cpulist.parse(cfg.nodes, what="--nodes")) if cfg.nodes else None
+    doc = model.new("probe.gpu", topo=t, system_check=system_check(numa_nodes=len(t.cpu_nodes)),
+                    params={"device": cfg.device, "size": cfg.size, "reps": cfg.reps, "nodes": list(nodes) if nodes else None})
+    doc.update({"probe": "gpu", "unit": "GB/s", "size_bytes": cfg.size, "reps": cfg.reps,
+                "gpus": [g.to_json() for g in gpus], "driver": found.driver, "cases": []})
+    try:
+        def on_case(cases):
+            doc["cases"] = cases
+            write(doc)
+
+        run_cases(t, gpus, cfg.size, cfg.reps, nodes, cfg.timeout, on_case=on_case)
+        doc["summary"] = summarize(doc["cases"])
+        model.finish(doc, complete=all("gbs" in c for c in doc["cases"]))
+    except BaseException as e:
+        model.stopped(doc, e)
+        write(doc)
+        raise
+    return doc
 
 
 # ---- the bound process (needs torch with CUDA and a GPU) ---------------------------------------------

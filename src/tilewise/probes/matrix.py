@@ -2,6 +2,8 @@
 
 The native tool gets the pairs on stdin and prints one line per pair (and mode) as it finishes,
 so the caller can show progress. The tool runs in its own session and is killed on any exit path.
+`probe latency` and `probe bandwidth` are ``run(config, reporter)``: the probe.latency /
+probe.bandwidth results document, written through `writer` also when interrupted.
 """
 
 from __future__ import annotations
@@ -11,15 +13,18 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from tilewise import cpulist, native, topology
+from tilewise import cpulist, launch, native, procs, topology
+from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.probes import pairs as pairs_mod
+from tilewise.results import model
 from tilewise.topology.model import Topology
 
 LATENCY_MODES = ("cas", "rw")
 NOMINAL_HOP_NS = 150.0  # for the estimate printed before starting; the progress bar refines it
 NOMINAL_GBS = 8.0
 PAIR_OVERHEAD_S = 0.002
+UNSTABLE = 1.5  # p90/p10 of a pair above this: warn
 
 
 class ProbeError(TilewiseError):
@@ -115,8 +120,6 @@ def choose_cpus(t: Topology, cpus_text: str | None, *, smt: bool = True) -> tupl
 
 def run_pairs(tool: str, argv: Sequence[str], pairs: Sequence[tuple[int, int]],
               on_result: Callable[[PairStat], None] | None = None, timeout_s: float | None = None) -> list[PairStat]:
-    from tilewise import launch, procs
-
     exe = native.binary(tool)
     stdin_text = "".join(f"{a} {b}\n" for a, b in pairs)
     proc = launch.spawn([exe, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -182,6 +185,72 @@ def build_doc(doc: dict, t: Topology, cpus, selection: str, stats: Sequence[Pair
         doc["spread"][mode] = {"p10": assemble(cpus, stats, mode, "p10"), "p90": assemble(cpus, stats, mode, "p90")}
         doc["summary"][mode] = pairs_mod.group_matrix(t, cpus, med, values=True)
     return doc
+
+
+# ---- tilewise probe latency | bandwidth ---------------------------------------------------------
+
+@dataclass
+class Config:
+    params: LatencyParams | BandwidthParams  # which probe, and how much of it
+    topology_src: str | None = None  # must describe this machine (grouping only)
+    cpus: str | None = None  # --cpus (default: every CPU this process may use)
+    full: bool = False  # every ordered pair (default: a sample by class on big machines)
+
+    @property
+    def kind(self) -> str:
+        return "latency" if isinstance(self.params, LatencyParams) else "bandwidth"
+
+
+class Reporter:
+    def message(self, text: str) -> None: ...
+    def start(self, total: int) -> None: ...  # the number of measurements to come
+    def advance(self) -> None: ...  # one more done
+
+
+def run(cfg: Config, reporter: Reporter | None = None, *, writer: Callable[[dict], None] | None = None) -> dict:
+    """Measure the pairs; returns the results document, given to `writer` at the end, also when
+    interrupted (then marked stopped, with the pairs measured so far)."""
+    rep = reporter or Reporter()
+    kind = cfg.kind
+    t = live_topology(cfg.topology_src)
+    cpus = choose_cpus(t, cfg.cpus)
+    if len(cpus) < 2:
+        raise UsageError(f"not measured: a core-to-core {kind} probe needs two CPUs, only {cpulist.format(cpus)} "
+                         "is available", "run where this process may use two or more CPUs")
+    selected, desc = pairs_mod.select_pairs(t, cpus, full=cfg.full)
+    if kind == "latency":
+        tool, modes, unit = "tw_latency", cfg.params.modes, "ns"
+    else:
+        tool, modes, unit = "tw_bandwidth", ("bw",), "GB/s"
+    doc = model.new(f"probe.{kind}", topo=t, params={**asdict(cfg.params), "cpus": list(cpus), "full": cfg.full},
+                    system_check=system_check(numa_nodes=len(t.cpu_nodes)))
+    rep.message(f"{kind}: {desc}; estimated {cfg.params.estimate_s(len(selected)):.0f} s")
+    stats: list[PairStat] = []
+    try:
+        rep.start(len(selected) * len(modes))
+        run_pairs(tool, cfg.params.argv(), selected, on_result=lambda s: (stats.append(s), rep.advance()))
+        model.finish(doc, complete=True)
+    except BaseException as e:
+        model.stopped(doc, e)
+        raise
+    finally:
+        build_doc(doc, t, cpus, desc, stats, modes if stats else (), unit)
+        doc["warnings"] = pair_warnings(doc, modes)
+        if writer is not None:
+            writer(doc)
+    return doc
+
+
+def pair_warnings(doc: dict, modes) -> list[str]:
+    out = []
+    for m in modes:
+        noisy = [(s["a"], s["b"]) for s in doc["raw"]
+                 if s["mode"] == m and s["p10"] > 0 and max(s["p90"], s["p10"]) / min(s["p90"], s["p10"]) > UNSTABLE]
+        if noisy:
+            out.append(f"{m}: {len(noisy)} of {sum(1 for s in doc['raw'] if s['mode'] == m)} pairs have a p90/p10 "
+                       f"spread above {UNSTABLE}x: the machine was busy or throttling; re-run on a quiet machine "
+                       "or with more --samples")
+    return out
 
 
 # ---- tilewise topo --measure -------------------------------------------------------------------

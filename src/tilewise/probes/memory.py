@@ -28,7 +28,7 @@ from tilewise.errors import TilewiseError, UsageError
 from tilewise.probes import matrix as pair_probes
 from tilewise.probes.stream import likwid_gbs, reference_tool
 from tilewise.results import model
-from tilewise.results.kinds.memory import TESTS, best
+from tilewise.results.kinds.memory import TESTS, MemoryDoc, best
 from tilewise.topology import firmware as fw
 from tilewise.topology import tiers
 from tilewise.topology.model import Topology
@@ -239,7 +239,13 @@ def tool_argv(exe: str, target: int, size: int, threads: Sequence[int], tests: S
             "--hugepages", "1" if hugepages else "0"]
 
 
-_PLACE = re.compile(r"placement (\w+) target=(\d+) pages=(\d+) on_target=(\d+) other=(\S+) missing=(\d+) policy=(\S+)")
+_PLACE = re.compile(r"placement (\w+) target=(\d+) pages=(\d+) on_target=(\d+) other=(\S+) missing=(\d+) policy=(\S+)"
+                    r" maps=(\S+)")
+
+
+def _node_counts(text: str) -> dict[int, int]:
+    """'0:12,2:4' -> {0: 12, 2: 4}; '-' -> {}."""
+    return {} if text == "-" else {int(a): int(b) for a, b in (x.split(":") for x in text.split(","))}
 
 
 def parse_output(text: str) -> dict:
@@ -259,10 +265,11 @@ def parse_output(text: str) -> dict:
             m = _PLACE.fullmatch(line.strip())
             if not m:
                 raise MemoryProbeError(f"unexpected output from tw_memory: {line.strip()!r}")
-            when, target, pages, on, other, missing, policy = m.groups()
-            others = {} if other == "-" else {int(a): int(b) for a, b in (x.split(":") for x in other.split(","))}
+            when, target, pages, on, other, missing, policy, maps = m.groups()
+            # elsewhere: move_pages' answer page by page; numa_maps: the kernel's page counts per node
             out["placement"][when] = {"target": int(target), "pages": int(pages), "on_target": int(on),
-                                      "elsewhere": others, "missing": int(missing), "policy": policy}
+                                      "elsewhere": _node_counts(other), "missing": int(missing), "policy": policy,
+                                      "numa_maps": _node_counts(maps)}
         elif head == "result":
             if len(parts) != 10:
                 raise MemoryProbeError(f"unexpected output from tw_memory: {line.strip()!r}")
@@ -289,6 +296,8 @@ def parse_output(text: str) -> dict:
         before = out["placement"].get("before")
         if not before or before["on_target"] != before["pages"] or before["pages"] == 0:
             raise MemoryProbeError("tw_memory measured without a complete placement check")
+        if before["numa_maps"] != {before["target"]: before["pages"]}:
+            raise MemoryProbeError("tw_memory measured although numa_maps counts pages elsewhere")
     return out
 
 
@@ -305,15 +314,14 @@ def measured_paths(doc: dict) -> dict[tuple[int, int], dict]:
     """The figures topology.tiers takes, per (initiator node, target node): idle latency and the
     best sequential read bandwidth; untrusted (with the reason) when measured under an emulator."""
     out: dict[tuple[int, int], dict] = {}
-    nodes = {i["name"]: i.get("node") for i in doc.get("initiators", [])}
-    why = doc.get("emulated")
-    for c in doc.get("cells", []):
-        node = nodes.get(c["initiator"])
-        if node is None or c.get("status") != "measured":
+    v = MemoryDoc.from_json(doc, "probe.memory document")
+    nodes = {i.name: i.node for i in v.initiators}
+    for c in v.measured():
+        node = nodes.get(c.initiator)
+        if node is None:
             continue
-        out[(node, c["target"])] = {"latency_ns": best(c, "latency")[0],
-                                    "read_bw_gbs": best(c, "read_seq")[0],
-                                    "trusted": why is None, "why_untrusted": why}
+        out[(node, c.target)] = {"latency_ns": best(c, "latency")[0], "read_bw_gbs": best(c, "read_seq")[0],
+                                 "trusted": v.emulated is None, "why_untrusted": v.emulated}
     return out
 
 

@@ -8,6 +8,7 @@ of the bytes every process moved divided by the time from the first start to the
 
 Array size: `size` is the size of ONE array summed over all processes (the same total work for
 every layout, as in the paper's figures); an instance gets a share proportional to its CPUs.
+`probe stream` is ``run(config, reporter)``: the probe.stream results document.
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from tilewise import launch, native, plan as plan_mod
+from tilewise import cpulist, launch, native
+from tilewise import plan as plan_mod
 from tilewise.binding import Binding, ensure_runnable
+from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.probes import matrix
+from tilewise.results import model
+from tilewise.results.tables import human_bytes
 from tilewise.topology.model import Topology
 
 KERNELS = ("copy", "scale", "add", "triad")
 STREAM_POLICIES = ("wim", "win", "wicp", "wicp-mixed", "wic")
 ELEM = 8  # double
+UNSTABLE = 1.5  # best/median of the copy kernel above this: warn
 
 
 class StreamError(TilewiseError):
@@ -140,8 +148,8 @@ def aggregate(outputs: Sequence[str], ntimes: int) -> dict:
     return out
 
 
-def run(t: Topology, cpus: Sequence[int], policies: Sequence[str], sizes: Sequence[int], *, ntimes: int = 10,
-        runs: int = 1, smt: bool = False, on_progress: Callable[[list[dict]], None] | None = None) -> list[dict]:
+def run_cases(t: Topology, cpus: Sequence[int], policies: Sequence[str], sizes: Sequence[int], *, ntimes: int = 10,
+              runs: int = 1, smt: bool = False, on_progress: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Every (policy, size) `runs` times, interleaved (run 1 of all cases, then run 2, ...), so a
     drift of the machine hits every layout alike. A case's figures are the medians over runs of
     each run's best and median repetition; every run's figures stay in "runs"."""
@@ -174,6 +182,68 @@ def run(t: Topology, cpus: Sequence[int], policies: Sequence[str], sizes: Sequen
                 if on_progress:
                     on_progress(cases)
     return cases
+
+
+# ---- tilewise probe stream ---------------------------------------------------------------------
+
+@dataclass
+class Config:
+    topology_src: str | None = None  # must describe this machine
+    cpus: str | None = None  # --cpus (default: every CPU this process may use)
+    policies: str = ",".join(STREAM_POLICIES)  # the layouts to compare, comma-separated
+    sizes: tuple[int, ...] = ()  # bytes of one array over all processes (default: 4x the L3 of the CPUs used)
+    ntimes: int = 10  # repetitions per run, the first a warm-up
+    runs: int = 1  # runs of every case, interleaved
+    smt: bool = False  # SMT siblings too
+    compare_likwid: bool = False  # also likwid-bench copy on as many threads
+
+
+def run(cfg: Config, reporter: matrix.Reporter | None = None, *, writer: Callable[[dict], None] | None = None) -> dict:
+    """Every layout at every size; returns the probe.stream results document (given to `writer`
+    after each case and when interrupted: a late failure loses nothing)."""
+    rep = reporter or matrix.Reporter()
+    write = writer or (lambda doc: None)
+    t = matrix.live_topology(cfg.topology_src)
+    cpus = matrix.choose_cpus(t, cfg.cpus, smt=cfg.smt or bool(cfg.cpus))
+    pols = [p.strip() for p in cfg.policies.split(",") if p.strip()]
+    if not pols:
+        raise UsageError("--policies is empty", f"choose from {', '.join(STREAM_POLICIES)}")
+    if cfg.sizes:
+        sizes, size_note = list(cfg.sizes), "from --sizes"
+    else:
+        size, size_note = default_size(t, cpus)
+        sizes = [size]
+    plans = plans_for(t, cpus, pols, cfg.smt)
+    rep.message(f"stream: {len(pols)} layout(s) x {len(sizes)} size(s) on CPUs {cpulist.format(cpus)} ({size_note}); "
+                f"estimated {cfg.runs * estimate_s(plans, sizes, cfg.ntimes):.0f} s")
+    doc = model.new("probe.stream", topo=t, system_check=system_check(numa_nodes=len(t.cpu_nodes)),
+                    params={"cpus": list(cpus), "policies": pols, "sizes": sizes, "ntimes": cfg.ntimes,
+                            "runs": cfg.runs, "smt": cfg.smt, "compare_likwid": cfg.compare_likwid})
+    doc.update({"probe": "stream", "unit": "GB/s", "cpus": list(cpus), "ntimes": cfg.ntimes, "runs": cfg.runs,
+                "size_rule": size_note, "cases": [], "likwid": []})
+    try:
+        rep.start(cfg.runs * len(pols) * len(sizes))
+
+        def on_progress(cases):
+            doc["cases"] = cases
+            write(doc)
+            rep.advance()
+
+        run_cases(t, cpus, pols, sizes, ntimes=cfg.ntimes, runs=cfg.runs, smt=cfg.smt, on_progress=on_progress)
+        if cfg.compare_likwid:
+            for s in sizes:
+                doc["likwid"].append({"size_bytes": s, "threads": len(cpus)} | likwid_median(cpus, s, cfg.runs))
+    except BaseException as e:
+        model.stopped(doc, e)
+        write(doc)
+        raise
+    model.finish(doc, complete=True)
+    noisy = [f"{c['policy']}@{human_bytes(c['size_bytes'])}" for c in doc["cases"]
+             if c["kernels"]["copy"]["median_gbs"] > 0
+             and c["kernels"]["copy"]["best_gbs"] / c["kernels"]["copy"]["median_gbs"] > UNSTABLE]
+    doc["warnings"] = [f"copy best/median above {UNSTABLE}x for {', '.join(noisy)}: the machine was busy; re-run on "
+                       "a quiet machine, with more --ntimes or --runs"] if noisy else []
+    return doc
 
 
 # ---- reference: likwid-bench ------------------------------------------------------------------

@@ -4,7 +4,7 @@ A results document (JSON) is::
 
     {"format": "tilewise-results", "version": 2, "kind": "tpch" | "elastic" | "elastic.log" |
      "elastic.tick" | "probe.latency" | "probe.bandwidth" | "probe.stream" | "workload" | "tune" |
-     "overhead" | "workload.tensor" | "probe.gpu",
+     "overhead" | "workload.tensor" | "probe.gpu" | "workload.far_memory",
      "meta": {"command", "argv", "cwd", "tilewise_version", "git_commit", "started", "finished"},
      "interrupted": false, "complete": true,
      "environment": {... environment.capture(): machine, kernel, topology (with its document),
@@ -39,6 +39,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tilewise.environment import capture
 from tilewise.errors import UsageError
 from tilewise.results import kinds
 from tilewise.results.document import FORMAT, VERSION, metric, now  # noqa: F401 - metric: the harnesses' API
@@ -61,7 +62,6 @@ def new(kind: str, *, topo, params: dict, engines: dict[str, str] | None = None,
     the environment (topology included) filled in; the caller adds its body and metrics."""
     if kind not in kinds.names():
         raise ValueError(f"unknown results kind {kind!r}; add its module to results.kinds")
-    from tilewise.environment import capture
 
     env = environment if environment is not None else capture(topo, **env_extra)
     env["engines"] = dict(engines or {})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.results import document, kinds, model, stats
+from tilewise.results import plots
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 
@@ -267,8 +268,6 @@ def _short(v) -> str:
 
 def comparison_plot(cmp: dict, path: Path) -> Path | None:
     """Per metric, each later run's ratio to the first with its 95 % interval as error bars."""
-    from tilewise.results import plots
-
     c = Comparison.from_json(cmp, "comparison")
     rows = [r for r in c.metrics if any(v is not None for v in r.vs_first)]
     if not rows or len(c.runs) < 2:
@@ -311,15 +310,3 @@ def kind_comparisons(runs: Sequence[tuple[str, dict]]) -> list:
             out.append(got)
     return out
 
-
-def benchmark_pair(runs):
-    """The (TPC-H, JCC-H) pair among runs (kept here for callers of the reporting module)."""
-    from tilewise.results.kinds import tpch
-
-    return tpch.benchmark_pair(runs)
-
-
-def benchmark_comparison(tpch_doc: dict, jcch_doc: dict) -> dict:
-    from tilewise.results.kinds import tpch
-
-    return tpch.benchmark_comparison(tpch_doc, jcch_doc)

@@ -71,3 +71,25 @@ def csv_text(header: Sequence, rows: Sequence[Sequence]) -> str:
     w.writerow(header)
     w.writerows(rows)
     return buf.getvalue()
+
+
+def far_memory(study: dict, out) -> None:
+    """The far-memory study (bench --mem-variants, workload --mem-variants; bench.far_memory's summary):
+    per query (or workload), each variant's slowdown against near memory, and the verdicts."""
+    for dep, variants in (study.get("deployments") or {}).items():
+        out.print(f"[bold]{dep}[/bold]: slowdown against near memory (ratio of geometric means, 95 % interval)")
+        t = table(None, ("query", *variants), left=["query"])
+        for q in dict.fromkeys(q for rec in variants.values() for q in rec["queries"]):
+            cells = []
+            for rec in variants.values():
+                r = rec["queries"].get(q) or {}
+                ci = r.get("ci95")
+                cells.append("-" if r.get("slowdown") is None else f"{r['slowdown']:.2f}x"
+                             + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
+            t.add_row(q, *cells)
+        out.print(t)
+        lines(out, "verdict: ", [rec["verdict"] for rec in variants.values()])
+    if study:
+        out.print(f"usable: the whole interval below {study['usable_below']:.2f}x near memory; hurts: above "
+                  f"{study['hurts_above']:.2f}x (thesis 004, ch. 4: where the far tier can stand in for near memory)",
+                  markup=False)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 
+from tilewise import cpulist
 from tilewise.errors import UsageError
+from tilewise.topology import sysfs
 from tilewise.topology.model import Core, L3Domain, NumaNode, Package, Topology
 
 __all__ = ["Core", "L3Domain", "NumaNode", "Package", "Topology", "load", "is_live", "allowed_nodes"]
 
 
 def load(src: str | os.PathLike | None = None) -> Topology:
-    from tilewise.topology import hwloc_xml, synthetic, sysfs
-
     if src is None or str(src) in ("live", "this"):
         return sysfs.load_live()
     if not str(src).strip():
@@ -24,6 +24,8 @@ def load(src: str | os.PathLike | None = None) -> Topology:
                          "or leave --topology out for this machine")
     s = str(src)
     if s.startswith("synthetic:"):
+        from tilewise.topology import synthetic  # decimal: only for this source
+
         return synthetic.load(s[len("synthetic:"):])
     if s.startswith("sysfs:"):
         return sysfs.load(s[len("sysfs:"):])
@@ -36,6 +38,8 @@ def load(src: str | os.PathLike | None = None) -> Topology:
             f"topology source {s!r} is not a file",
             "give an hwloc XML file, sysfs:<dir>, or synthetic:<description>",
         )
+    from tilewise.topology import hwloc_xml  # an XML parser: only for this source
+
     return hwloc_xml.load(s)
 
 
@@ -47,8 +51,6 @@ def allowed_nodes(t: Topology, status_path: str = "/proc/self/status") -> tuple[
     """The NUMA nodes a node set may name: on this machine the ones this process's cpuset allows
     (Mems_allowed_list), on a loaded topology all of them. numactl's `all`, `!N` and `+N` are relative
     to this set."""
-    from tilewise import cpulist
-
     ids = t.mem_allowed_nodes  # a loaded topology: the nodes its allowed_nodeset names
     if not is_live(t):
         return ids

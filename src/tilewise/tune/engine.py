@@ -41,13 +41,14 @@ from dataclasses import dataclass, replace
 
 from tilewise import benchmarks, engines, topology, verification
 from tilewise import plan as planner
+from tilewise.bench import validate
 from tilewise.binding import Binding
 from tilewise.engines.contract import Query
 from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model
 from tilewise.results.output import Writer
-from tilewise.tune import knobs, recommend
+from tilewise.tune import knobs, recommend, session
 from tilewise.tune.os_switches import OsSwitches
 
 
@@ -124,8 +125,6 @@ def check_placements(places: list[str], cores: int | None, base: planner.Plan) -
 
 def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     """The sweep; returns the results document (also given to reporter.done)."""
-    from tilewise.tune import session  # the workload tuner's grid rules, shared
-
     rep = reporter or Reporter()
     spec = engines.get(cfg.engine)
     why = spec.missing()
@@ -231,8 +230,6 @@ class _Sweep:
         a benchmark whose references sort NULLs as the engine does, probed on the running engine."""
         if self.ref is not None:
             return
-        from tilewise.bench import validate
-
         null_order = None
         if self.bench.engine_null_order:
             null_order = validate.probe_null_order(lambda sql: runtime.run_query(sql).rows)
@@ -334,8 +331,6 @@ class _Sweep:
         return {"query": key, "status": "ok", "elapsed_s": res.elapsed_s}
 
     def _check(self, q, key: str, rows, case: dict) -> None:
-        from tilewise.bench import validate
-
         if key in self.no_reference:
             case["answers"]["not_comparable"].append(key)
             return

@@ -15,9 +15,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tilewise.fsutil import atomic_write_json
 from tilewise import __version__, allocators, cpulist
+from tilewise.binding import Binding
 from tilewise.errors import UsageError
+from tilewise.fsutil import atomic_write_json
+from tilewise.topology import allowed_nodes
 
 CONFIG_FORMAT = "tilewise-tuned-config"
 CONFIG_VERSION = 1
@@ -81,8 +83,6 @@ class Config:
         return c
 
     def binding(self, cpus: tuple[int, ...] | None = None):
-        from tilewise.binding import Binding
-
         return Binding(cpus, self.mem, self.mem_nodes, self.allocator)
 
     def numactl_args(self) -> list[str]:
@@ -125,8 +125,6 @@ def parse_mem(spec: str, topo) -> tuple[str, tuple[int, ...]]:
             raise UsageError(f"memory policy {policy} takes no nodes ({spec!r})")
         return policy, ()
     if sep:
-        from tilewise.topology import allowed_nodes
-
         nodes = cpulist.parse_set(nodes_text, allowed_nodes(topo), what=f"node list of {spec!r}")
     elif policy == "preferred":
         nodes = (topo.cpu_nodes[0].id if topo.cpu_nodes else topo.numa_nodes[0].id,)

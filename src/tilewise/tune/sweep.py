@@ -19,7 +19,9 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from tilewise import allocators
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.results import model
 from tilewise.results import stats as S
 from tilewise.tune.knobs import Config
 
@@ -183,9 +185,6 @@ def _one(c: Case, runner: Runner, *, record: bool, repeat_index: int = 0) -> Non
 def new_doc(topo, os_state: dict, *, target: dict, grid_spec: dict, repeat: int, warmup: int,
             system_check: dict | None = None) -> dict:
     """The results document of a sweep (results.model, kind "tune"), before any run."""
-    from tilewise import allocators
-    from tilewise.results import model
-
     doc = model.new("tune", topo=topo, system_check=system_check,
                     os_switches={k: v.to_json() for k, v in os_state.items()}, allocators=allocators.available(),
                     params={"target": target, "grid": grid_spec, "repeat": repeat, "warmup": warmup})
@@ -195,8 +194,6 @@ def new_doc(topo, os_state: dict, *, target: dict, grid_spec: dict, repeat: int,
 
 def results_doc(sw: Sweep, doc: dict) -> dict:
     """Fill the sweep's cases, default, best and warnings into its results document."""
-    from tilewise.results import model
-
     best = sw.best()
     doc.update({"cases": [dict(c.summary(), raw=c.runs) for c in sw.cases],
                 "default": sw.default.summary(),
@@ -209,8 +206,6 @@ def results_doc(sw: Sweep, doc: dict) -> dict:
 
 
 def load_results(path: str) -> dict:
-    from tilewise.results import model
-
     doc = model.load(path)
     if doc["kind"] != "tune":
         raise UsageError(f"{path} holds {doc['kind']} results, not a tuner's", "give the results.json of `tilewise tune`")

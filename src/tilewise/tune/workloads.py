@@ -115,14 +115,15 @@ def _allocator_check(cfg: Config, libs: list[str]) -> bool:
 
 
 def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str, *, capture: bool,
-               cpus: tuple[int, ...] | None = None, env: dict | None = None):
+               cpus: tuple[int, ...] | None = None, env: dict | None = None, binding=None):
     """Start cmd bound by cfg (and to cpus when given), verify the binding, wait (with a time
-    limit), always reap. env: the child's environment (default: ours).
+    limit), always reap. env: the child's environment (default: ours). binding: a Binding to use
+    instead of cfg's (a plan's instance: its CPUs, memory policy and weights).
 
     Returns (stdout bytes or None, wall seconds, Verification); a non-zero exit is a TilewiseError
     carrying the last lines of the command's stderr.
     """
-    b = cfg.binding(cpus)
+    b = binding if binding is not None else cfg.binding(cpus)
     with tempfile.TemporaryFile() as errf:
         journal = changes.Session(f"tune run {os.path.basename(cmd[0])}")  # restore stops it after a kill -9
         token = launch.journal_start(journal, cmd)  # before the clock starts
@@ -146,11 +147,17 @@ def _run_bound(cmd: list[str], cfg: Config, what: str, timeout: float, hint: str
     return out, wall, v
 
 
-def run_workload(workload: str, p: Params, cfg: Config, topo, *, timeout: float = 600, extra: list[str] | None = None) -> RunResult:
-    """One run of a native workload under cfg; raises TilewiseError on failure (the child is reaped)."""
-    pin = pin_for(cfg, p, topo)
+def run_workload(workload: str, p: Params, cfg: Config, topo, *, timeout: float = 600, extra: list[str] | None = None,
+                 binding=None) -> RunResult:
+    """One run of a native workload under cfg (or under `binding`, a plan instance's, with cfg's
+    placement inside its CPUs); raises TilewiseError on failure (the child is reaped)."""
+    if binding is not None and binding.cpus:
+        pin = thread_order(topo, cfg.placement, p.threads or len(binding.cpus), set(binding.cpus))
+    else:
+        pin = pin_for(cfg, p, topo)
     cmd = argv(workload, p, pin, extra)
-    out, wall, v = _run_bound(cmd, cfg, workload, timeout, "use smaller --records or a larger --timeout", capture=True)
+    out, wall, v = _run_bound(cmd, cfg, workload, timeout, "use smaller --records or a larger --timeout", capture=True,
+                              binding=binding)
     lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip().startswith("{")]
     try:
         res = json.loads(lines[-1])

@@ -49,21 +49,6 @@ class Kind:
     def owned(self, doc: dict) -> tuple[str, ...]:
         return self.files(self.view(doc)) if callable(self.files) else self.files
 
-    @classmethod
-    def plain(cls, name: str, render: Callable[[dict, Any], None], csv: Callable[[dict], dict[str, str]],
-              plots: Callable[[dict, Path], list[Path]], files: tuple[str, ...]) -> Kind:
-        """A kind whose body stays a plain dict (read with .get) and whose writer stores its metrics:
-        its functions take the document as a dict; the common footer (warnings, system check) follows."""
-        from tilewise.results import document
-        from tilewise.results import tables as T
-
-        def _render(doc, out) -> None:
-            render(doc.to_json(), out)
-            T.footer(doc, out)
-
-        return cls(name=name, document=document.Document, render=_render, csv=lambda doc: csv(doc.to_json()),
-                   plots=lambda doc, out_dir: plots(doc.to_json(), out_dir), files=files)
-
 
 _K = "tilewise.results.kinds"
 REGISTRY = Registry("results kind", "tilewise.results", {
@@ -81,6 +66,7 @@ REGISTRY = Registry("results kind", "tilewise.results", {
     "overhead": f"{_K}.overhead",
     "workload.tensor": f"{_K}.tensor",
     "probe.gpu": f"{_K}.gpu",
+    "workload.far_memory": f"{_K}.far_memory",
 }, attr="KIND")
 
 

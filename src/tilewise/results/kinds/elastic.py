@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.results import document
+from tilewise.results import plots as P
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -160,8 +161,6 @@ def plots(doc: ElasticDoc, out_dir: Path) -> list[Path]:
 
 def plot(doc: ElasticDoc, path: Path) -> Path:
     """Per workload: throughput (bars) and CPU per query (line) per configuration; cores over time."""
-    from tilewise.results import plots as P
-
     plt = P.pyplot()
     workloads = list(dict.fromkeys(c.workload for c in doc.cases))
     fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.4 * len(workloads)), squeeze=False)

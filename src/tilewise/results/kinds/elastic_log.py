@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tilewise.errors import UsageError
 from tilewise.results import document
+from tilewise.results import plots as P
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
 
@@ -234,8 +235,6 @@ def render(doc: LogDoc, out) -> None:
 
 def plot(doc: LogDoc, path: str | Path, title: str = "") -> Path:
     """Load (left axis, %) and allocated cores (right axis) over time, per unit, as in 002's Fig. 7."""
-    from tilewise.results import plots as P
-
     ticks = doc.ticks
     if not ticks:
         raise UsageError("the log has no ticks to draw")

@@ -1,25 +1,27 @@
 """The ``probe.memory`` result kind (`tilewise probe memory`): the initiator x target memory matrix.
 
-Everything about these documents lives here (metrics, tables, CSV, heatmaps, the files it owns);
-the functions read the document as JSON (``MemoryDoc.to_json()``). The body::
+Everything about these documents lives here (the typed body, metrics, tables, CSV, heatmaps, the
+files it owns). The body::
 
     "initiators": [{"name", "node", "cpus"}], "targets": [node...], "tests": [...], "size_bytes",
     "emulated": null | "why the times are not the hardware's",
     "cells": [{"initiator", "target", "threads", "size_bytes", "status": "measured" | "not_measured" | "failed",
                "reason", "info": {...}, "placement": {"before"|"after": {"pages", "on_target", "elsewhere",
-               "missing", "policy"}}, "results": {test: {threads: {"median", "best", "p10", "p90", "unit",
+               "missing", "policy", "numa_maps": {node: pages}}}, "results": {test: {threads: {"median", "best", "p10", "p90", "unit",
                "reps", "passes", "values": [...]}}}}],
     "firmware": topology.firmware.Firmware.to_json(), "references": [...], "notes": [...]
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from tilewise import cpulist
 from tilewise.results import document
+from tilewise.results import plots as P
 from tilewise.results import tables as T
+from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
 
 TESTS = ("latency", "read_seq", "read_rand", "write", "write_nt")
@@ -31,6 +33,81 @@ TITLES = {
     "write_nt": "write bandwidth, non-temporal stores",
 }
 FILES = ("memory.csv", *(f"memory_{t}.png" for t in TESTS))
+
+
+@dataclass
+class Figure(Record):
+    """One test at one thread count: repetitions' median, best, spread (values: every repetition)."""
+
+    median: float | None = None
+    best: float | None = None
+    p10: float | None = None
+    p90: float | None = None
+    unit: str | None = None
+    reps: int | None = None
+    passes: int | None = None
+    values: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Pages(Record):
+    """Where the buffer's pages were (move_pages), before or after measuring, and the mapping's
+    per-node page counts as numa_maps shows them."""
+
+    pages: int | None = None
+    on_target: int | None = None
+    policy: str | None = None
+    numa_maps: dict[str, int] | None = None
+
+
+@dataclass
+class Placement(Record):
+    before: Pages | None = None
+    after: Pages | None = None
+
+
+@dataclass
+class Initiator(Record):
+    name: str = ""
+    node: int | None = None
+    cpus: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Cell(Record):
+    """One (initiator, target node) cell: tw_memory bound to the initiator's CPUs."""
+
+    initiator: str = ""
+    target: int = 0
+    threads: list[int] = field(default_factory=list)
+    status: str | None = None  # measured | not_measured | failed
+    reason: str | None = None
+    placement: Placement | None = None
+    results: dict[str, dict[str, Figure]] = field(default_factory=dict)  # test -> thread count -> figure
+
+    @property
+    def label(self) -> str:
+        return f"{self.initiator} -> node {self.target}"
+
+    def figure(self, test: str, threads: int | str) -> Figure:
+        return (self.results.get(test) or {}).get(str(threads)) or Figure()
+
+
+@dataclass
+class MemoryDoc(document.Document):
+    initiators: list[Initiator] = field(default_factory=list)
+    targets: list[int] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+    size_rule: str = ""
+    emulated: str | None = None  # why the times are not the hardware's
+    cells: list[Cell] = field(default_factory=list)
+    firmware: dict | None = None  # topology.firmware.Firmware.to_json()
+    references: list[dict] = field(default_factory=list)  # likwid-bench, the reference chase, Intel MLC
+    notes: list[str] = field(default_factory=list)
+
+    def measured(self) -> list[Cell]:
+        return [c for c in self.cells if c.status == "measured"]
 
 
 def _table(out, title: str):
@@ -47,38 +124,37 @@ def _unit(test: str) -> str:
     return "ns" if test == "latency" else "GB/s"
 
 
-def best(cell: dict, test: str) -> tuple[float | None, int | None]:
+def best(cell: Cell, test: str) -> tuple[float | None, int | None]:
     """The best median of a test over thread counts (lowest latency, highest bandwidth) and its count."""
-    rs = {int(k): v for k, v in ((cell.get("results") or {}).get(test) or {}).items() if "median" in v}
+    rs = {int(k): v for k, v in (cell.results.get(test) or {}).items() if "median" not in v.absent}
     if not rs:
         return None, None
     pick = min if test == "latency" else max
-    k = pick(rs, key=lambda n: rs[n]["median"])
-    return rs[k]["median"], k
+    k = pick(rs, key=lambda n: rs[n].median)
+    return rs[k].median, k
 
 
-def grid(doc: dict, test: str) -> tuple[list[str], list[int], list[list[float | None]]]:
-    inits = [i["name"] for i in doc.get("initiators", [])]
-    targets = list(doc.get("targets", []))
+def grid(doc: MemoryDoc, test: str) -> tuple[list[str], list[int], list[list[float | None]]]:
+    inits = [i.name for i in doc.initiators]
+    targets = list(doc.targets)
     vals: list[list[float | None]] = [[None] * len(targets) for _ in inits]
-    for c in doc.get("cells", []):
-        if c.get("status") == "measured" and c["initiator"] in inits and c["target"] in targets:
-            vals[inits.index(c["initiator"])][targets.index(c["target"])] = best(c, test)[0]
+    for c in doc.measured():
+        if c.initiator in inits and c.target in targets:
+            vals[inits.index(c.initiator)][targets.index(c.target)] = best(c, test)[0]
     return inits, targets, vals
 
 
-def metrics(doc: dict) -> list[dict]:
+def metrics(doc: MemoryDoc) -> list[dict]:
     out = []
-    for c in doc.get("cells", []):
-        if c.get("status") != "measured":
-            continue
-        for test, by in (c.get("results") or {}).items():
+    for c in doc.measured():
+        for test, by in c.results.items():
             for k, r in by.items():
-                vals = r.get("values") or ([r["median"]] if "median" in r else [])
+                vals = r.values or ([r.median] if "median" not in r.absent else [])
                 if vals:
-                    out.append(document.metric(f"{c['initiator']}->node {c['target']}/{test}/{k}", vals, unit=r.get("unit", _unit(test)),
-                                            better="lower" if test == "latency" else "higher",
-                                            initiator=c["initiator"], target=c["target"], test=test, threads=int(k)))
+                    out.append(document.metric(f"{c.initiator}->node {c.target}/{test}/{k}", vals,
+                                               unit=_get(r, "unit", _unit(test)),
+                                               better="lower" if test == "latency" else "higher",
+                                               initiator=c.initiator, target=c.target, test=test, threads=int(k)))
     return out
 
 
@@ -88,17 +164,17 @@ def _fmt(v: float | None, test: str) -> str:
     return f"{v:.1f}" if test == "latency" else f"{v:.2f}"
 
 
-def render(doc: dict, out) -> None:
-    emulated = doc.get("emulated")
-    out.print(f"[bold]memory matrix[/bold]: {len(doc.get('initiators', []))} initiator(s) x "
-              f"{len(doc.get('targets', []))} target node(s), {_mib(doc.get('size_bytes', 0))} per cell "
-              f"({doc.get('size_rule', '')}); best median over thread counts"
+def render(doc: MemoryDoc, out) -> None:
+    emulated = doc.emulated
+    out.print(f"[bold]memory matrix[/bold]: {len(doc.initiators)} initiator(s) x "
+              f"{len(doc.targets)} target node(s), {_mib(doc.size_bytes)} per cell "
+              f"({doc.size_rule}); best median over thread counts"
               + (f"\n[bold]EMULATED[/bold]: {emulated}" if emulated else ""))
-    for i in doc.get("initiators", []):
-        out.print(f"  {i['name']}: CPUs {_cpus(i['cpus'])}", markup=False)
-    if not doc.get("cells"):
-        out.print("no cells measured" + (" (interrupted)" if doc.get("interrupted") else ""), markup=False)
-    for test in doc.get("tests", []):
+    for i in doc.initiators:
+        out.print(f"  {i.name}: CPUs {_cpus(i.cpus)}", markup=False)
+    if not doc.cells:
+        out.print("no cells measured" + (" (interrupted)" if doc.interrupted else ""), markup=False)
+    for test in doc.tests:
         inits, targets, vals = grid(doc, test)
         if all(v is None for row in vals for v in row):
             continue
@@ -110,46 +186,52 @@ def render(doc: dict, out) -> None:
             t.add_row(name, *(_fmt(v, test) for v in row))
         out.print(t)
     scaling = _table(out, "by thread count (median of repetitions)")
-    counts = sorted({str(k) for c in doc.get("cells", []) for k in c.get("threads", [])}, key=int)
+    counts = sorted({str(k) for c in doc.cells for k in c.threads}, key=int)
     for col in ("cell", "test"):
         scaling.add_column(col, justify="left")
     for k in counts:
         scaling.add_column(f"{k} thread{'s' if k != '1' else ''}", justify="right")
     rows = 0
-    for c in doc.get("cells", []):
-        if c.get("status") != "measured":
-            continue
-        for test in doc.get("tests", []):
-            by = (c.get("results") or {}).get(test) or {}
-            if test == "latency" or not by:
+    for c in doc.measured():
+        for test in doc.tests:
+            if test == "latency" or not c.results.get(test):
                 continue
-            scaling.add_row(f"{c['initiator']} -> node {c['target']}", test,
-                            *(_fmt(by.get(k, {}).get("median"), test) for k in counts))
+            scaling.add_row(c.label, test, *(_fmt(c.figure(test, k).median, test) for k in counts))
             rows += 1
     if rows:
         out.print(scaling)
     place = _table(out, "placement (every page's node, checked before and after measuring)")
-    for col in ("cell", "status", "pages on target", "policy", "reason"):
+    for col in ("cell", "status", "pages on target", "policy", "numa_maps", "reason"):
         place.add_column(col, justify="left")
-    for c in doc.get("cells", []):
-        p = (c.get("placement") or {}).get("after") or (c.get("placement") or {}).get("before") or {}
-        pages = f"{p.get('on_target', 0)}/{p.get('pages', 0)}" if p else "-"
-        place.add_row(f"{c['initiator']} -> node {c['target']}", c.get("status", "?"), pages, p.get("policy", "-"),
-                      c.get("reason") or "")
+    for c in doc.cells:
+        p = _pages(c, "after") or _pages(c, "before")
+        pages = f"{_get(p, 'on_target', 0)}/{_get(p, 'pages', 0)}" if p else "-"
+        maps = " ".join(f"N{n}={k}" for n, k in (_get(p, "numa_maps", None) or {}).items()) or "-"
+        place.add_row(c.label, _get(c, "status", "?"), pages, _get(p, "policy", "-"), maps, c.reason or "")
     out.print(place)
-    _render_firmware(doc, out)
+    _render_firmware(doc.firmware or {}, out)
     _render_references(doc, out)
-    T.lines(out, "note: ", doc.get("notes") or [])
-    T.lines(out, "warning: ", doc.get("warnings") or [])
-    T.lines(out, "system: ", ((doc.get("environment") or {}).get("system_check") or {}).get("warnings") or [])
+    T.lines(out, "note: ", doc.notes)
+    T.lines(out, "warning: ", doc.warnings)
+    T.lines(out, "system: ", doc.system_warnings)
+
+
+def _pages(c: Cell, when: str) -> Pages | None:
+    """The cell's page census `when` (before/after measuring); None where it has none."""
+    p = getattr(c.placement, when) if c.placement else None
+    return p if p is not None and (p.extra or len(p.absent) < len(fields(Pages))) else None
+
+
+def _get(r: Record | None, name: str, default):
+    """A field as the document has it, `default` where it is not there (dict.get)."""
+    return default if r is None or name in r.absent else getattr(r, name)
 
 
 def _cpus(cpus) -> str:
     return cpulist.format(cpus)
 
 
-def _render_firmware(doc: dict, out) -> None:
-    fw = doc.get("firmware") or {}
+def _render_firmware(fw: dict, out) -> None:
     rows = [a for a in fw.get("hmat", []) if a.get("access") == "access1"]
     if rows and any(a.get(f) for a in rows for f in ("read_latency", "read_bandwidth")):
         t = _table(out, "firmware figures (ACPI HMAT, access1: best CPU initiators)")
@@ -166,27 +248,26 @@ def _render_firmware(doc: dict, out) -> None:
                   markup=False)
 
 
-def _render_references(doc: dict, out) -> None:
-    refs = doc.get("references") or []
+def _render_references(doc: MemoryDoc, out) -> None:
+    refs = doc.references
     if not refs:
         return
-    cells = {(c["initiator"], c["target"]): c for c in doc.get("cells", [])}
+    cells = {(c.initiator, c.target): c for c in doc.cells}
     t = _table(out, "references (same initiator CPUs and target node)")
     for col in ("cell", "figure", "tilewise", "reference", "tilewise/reference", "reference tool"):
         t.add_column(col, justify="left" if col in ("cell", "figure", "reference tool") else "right")
     for r in refs:
-        c = cells.get((r["initiator"], r["target"]), {})
+        c = cells.get((r["initiator"], r["target"])) or Cell()
         label = f"{r['initiator']} -> node {r['target']}"
-        res = c.get("results") or {}
         for test, lk in (r.get("likwid") or {}).items():
-            ours = (res.get(test) or {}).get(str(r["threads"]), {}).get("median")
+            ours = c.figure(test, r["threads"]).median
             if "gbs" in lk:
                 t.add_row(label, f"{test} @{r['threads']}", _fmt(ours, test), f"{lk['gbs']:.2f}",
                           f"{ours / lk['gbs']:.3f}" if ours else "-", f"likwid-bench {lk['kernel']}")
             else:
                 t.add_row(label, f"{test} @{r['threads']}", _fmt(ours, test), "not measured", "-",
                           f"likwid-bench: {lk.get('error')}")
-        ours = ((res.get("latency") or {}).get("1") or {}).get("median")
+        ours = c.figure("latency", 1).median
         for key, name in (("chase", "reference chase (numactl --membind)"), ("mlc", "Intel MLC --idle_latency")):
             ref = r.get(key)
             if ref is None:
@@ -203,21 +284,20 @@ def _render_references(doc: dict, out) -> None:
                 out.print(f"  likwid: {lk['command']}", markup=False)
 
 
-def csv_files(doc: dict) -> dict[str, str]:
+def csv_files(doc: MemoryDoc) -> dict[str, str]:
     rows = []
-    for c in doc.get("cells", []):
-        p = (c.get("placement") or {}).get("before") or {}
-        base = [c["initiator"], c["target"], c.get("status"), p.get("pages", ""), p.get("on_target", ""), p.get("policy", "")]
-        res = c.get("results") or {}
-        if c.get("status") != "measured" or not res:
-            rows.append(base + ["", "", "", "", "", "", "", c.get("reason") or ""])
+    for c in doc.cells:
+        p = _pages(c, "before")
+        base = [c.initiator, c.target, c.status, *(_get(p, k, "") for k in ("pages", "on_target", "policy"))]
+        if c.status != "measured" or not c.results:
+            rows.append(base + ["", "", "", "", "", "", "", c.reason or ""])
             continue
-        for test, by in res.items():
+        for test, by in c.results.items():
             for k, r in sorted(by.items(), key=lambda kv: int(kv[0])):
-                if "median" not in r:
-                    rows.append(base + [test, k, "", "", "", "", r.get("unit", ""), "not supported by this build"])
+                if "median" in r.absent:
+                    rows.append(base + [test, k, "", "", "", "", _get(r, "unit", ""), "not supported by this build"])
                     continue
-                rows.append(base + [test, k, r["median"], r["best"], r["p10"], r["p90"], r["unit"], ""])
+                rows.append(base + [test, k, r.median, r.best, r.p10, r.p90, r.unit, ""])
     if not rows:
         return {}
     header = ["initiator", "target", "status", "pages", "pages_on_target", "policy", "test", "threads", "median",
@@ -225,15 +305,15 @@ def csv_files(doc: dict) -> dict[str, str]:
     return {"memory.csv": T.csv_text(header, rows)}
 
 
-def plots(doc: dict, out_dir: Path) -> list[Path]:
-    if not doc.get("complete"):
+def plots(doc: MemoryDoc, out_dir: Path) -> list[Path]:
+    if not doc.complete:
         return []
     paths = []
-    for test in doc.get("tests", []):
+    for test in doc.tests:
         inits, targets, vals = grid(doc, test)
         if all(v is None for row in vals for v in row):
             continue
-        title = f"{TITLES.get(test, test)} ({_unit(test)})" + (" - EMULATED, not the memory's" if doc.get("emulated") else "")
+        title = f"{TITLES.get(test, test)} ({_unit(test)})" + (" - EMULATED, not the memory's" if doc.emulated else "")
         paths.append(heatmap(Path(out_dir) / f"memory_{test}.png", inits, [f"node {t}" for t in targets], vals, title,
                              _unit(test)))
     return paths
@@ -242,8 +322,6 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
 def heatmap(path: Path, rows: list[str], cols: list[str], vals: list[list[float | None]], title: str, unit: str) -> Path:
     """Initiator x target heatmap, cells not measured left blank and marked n/m."""
     import numpy as np
-
-    from tilewise.results import plots as P
 
     plt = P.pyplot()
     m = np.array([[np.nan if v is None else v for v in row] for row in vals], dtype=float)
@@ -265,19 +343,5 @@ def heatmap(path: Path, rows: list[str], cols: list[str], vals: list[list[float 
         plt.close(fig)
 
 
-@dataclass
-class MemoryDoc(document.Document):
-    """The typed view: the envelope, and the body as JSON (the functions above read it so)."""
-
-    initiators: list[dict] = field(default_factory=list)
-    targets: list[int] = field(default_factory=list)
-    tests: list[str] = field(default_factory=list)
-    cells: list[dict] = field(default_factory=list)
-
-
-def _json(fn):
-    return lambda doc, *a: fn(doc.to_json(), *a)
-
-
-KIND = Kind(name="probe.memory", document=MemoryDoc, metrics=_json(metrics), render=_json(render), csv=_json(csv_files),
-            plots=_json(plots), files=FILES)
+KIND = Kind(name="probe.memory", document=MemoryDoc, metrics=metrics, render=render, csv=csv_files, plots=plots,
+            files=FILES)

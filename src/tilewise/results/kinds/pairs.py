@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tilewise.errors import UsageError
 from tilewise.results import document
+from tilewise.results import plots as P
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -94,8 +95,6 @@ def csv_files(doc: PairsDoc) -> dict[str, str]:
 
 
 def plots(doc: PairsDoc, out_dir: Path) -> list[Path]:
-    from tilewise.results import plots as P
-
     if not doc.complete:
         return []
     paths = []

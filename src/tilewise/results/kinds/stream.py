@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilewise import cpulist
 from tilewise.results import document
+from tilewise.results import plots as P
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -59,8 +61,6 @@ def metrics(doc: StreamDoc) -> list[dict]:
 
 
 def render(doc: StreamDoc, out) -> None:
-    from tilewise import cpulist
-
     out.print(f"[bold]STREAM[/bold] aggregate GB/s (best of {doc.ntimes - 1} repetitions after a warm-up"
               + (f", median over {doc.runs} runs" if doc.runs > 1 else "") + f"; CPUs {cpulist.format(doc.cpus)})")
     if not doc.cases:
@@ -112,8 +112,6 @@ def plots(doc: StreamDoc, out_dir: Path) -> list[Path]:
 
 def plot(doc: StreamDoc, path: Path) -> Path:
     """copy and triad GB/s over the array size, one line per layout."""
-    from tilewise.results import plots as P
-
     plt = P.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, k in zip(axes, ("copy", "triad")):

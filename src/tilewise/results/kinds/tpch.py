@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from tilewise import benchmarks
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import document, stats
+from tilewise.results import plots as P
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -29,8 +31,6 @@ FIGURES = (("power_at_size", "Power@Size"), ("throughput_at_size", "Throughput@S
 
 def benchmark_spec(name: str):
     """The benchmark's spec from the registry; None when this tilewise does not have it."""
-    from tilewise import benchmarks
-
     try:
         return benchmarks.get(name)
     except TilewiseError:
@@ -381,30 +381,8 @@ def render(doc: TpchDoc, out) -> None:
         marks.append(f"~ = varies by more than {SPREAD_WARN:.0%} between runs (use more --runs and a quiet machine)")
     if any(r.outliers for n in measured for r in pols[n].queries.values()):
         marks.append("! = a run is an outlier (modified z-score > 3.5; see results.json)")
-    render_far_memory(doc.get("far_memory") or {}, out)
+    T.far_memory(doc.get("far_memory") or {}, out)
     T.footer(doc, out, notes=marks + doc.notes)
-
-
-def render_far_memory(study: dict, out) -> None:
-    """The far-memory study (bench --mem-variants, bench.far_memory): per query, each variant's
-    slowdown against near memory, and the verdicts."""
-    for dep, variants in (study.get("deployments") or {}).items():
-        out.print(f"[bold]{dep}[/bold]: slowdown against near memory (ratio of geometric means, 95 % interval)")
-        t = T.table(None, ("query", *variants), left=["query"])
-        for q in dict.fromkeys(q for rec in variants.values() for q in rec["queries"]):
-            cells = []
-            for rec in variants.values():
-                r = rec["queries"].get(q) or {}
-                ci = r.get("ci95")
-                cells.append("-" if r.get("slowdown") is None else f"{r['slowdown']:.2f}x"
-                             + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
-            t.add_row(q, *cells)
-        out.print(t)
-        T.lines(out, "verdict: ", [rec["verdict"] for rec in variants.values()])
-    if study:
-        out.print(f"usable: the whole interval below {study['usable_below']:.2f}x near memory; hurts: above "
-                  f"{study['hurts_above']:.2f}x (thesis 004, ch. 4: where the far tier can stand in for near memory)",
-                  markup=False)
 
 
 def _metric_cell(s: dict | None) -> str:
@@ -472,8 +450,6 @@ def speedup(base: Sequence[float], other: Sequence[float]) -> dict | None:
 
 
 def plots(doc: TpchDoc, out_dir: Path) -> list[Path]:
-    from tilewise.results import plots as P
-
     ran = _ran(doc)
     if not ran:
         return []
@@ -536,8 +512,6 @@ def _ran(doc: TpchDoc) -> list[str]:
 
 
 def _order(name: str) -> tuple[int, str]:
-    from tilewise import benchmarks
-
     known = benchmarks.names()
     return (known.index(name) if name in known else len(known), name)
 
@@ -608,8 +582,6 @@ class BenchmarkComparison:
         out.print(t)
 
     def plot(self, out_dir: Path) -> Path:
-        from tilewise.results import plots as P
-
         cmp = self.data
         series = {f"{pol} {title}": v[k] + [v[f"{k}_geomean"]] for pol, v in cmp["policies"].items()
                   for k, title in zip(self.names, self.titles)}

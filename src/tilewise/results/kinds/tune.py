@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.results import document, stats
+from tilewise.results import plots as P
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -153,8 +154,6 @@ def fig6(doc: TuneDoc, path: Path) -> Path | None:
     """Runtime per allocator x memory policy (bars: median, whiskers: the 95 % confidence interval
     of the table), like Fig. 6 of paper 003; one panel per placement/OS state. None when nothing
     was measured."""
-    from tilewise.results import plots as P
-
     cases = [c for c in doc.cases if c.median_s is not None]
     if not cases:
         return None

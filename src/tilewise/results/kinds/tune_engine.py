@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.results import document, stats
+from tilewise.results import plots as P
 from tilewise.results import tables as T
 from tilewise.results.body import Record
 from tilewise.results.kinds import Kind
@@ -208,8 +209,6 @@ def fig8(doc: TuneEngineDoc, path: Path) -> Path | None:
     """Latency change per query (and their mean) per configuration against the default, bars with
     their 95 % intervals, like Fig. 8 of paper 003 (which plots the improvement: the same bars
     with the sign flipped). None when nothing was compared."""
-    from tilewise.results import plots as P
-
     changes = [(c, ch) for c, ch in doc.changes() if ch["mean"] is not None]
     if not changes:
         return None
