@@ -161,6 +161,21 @@ def test_bench_tpch_every_answer_valid(data_root, tag, tmp_path):
     assert roots() <= before
 
 
+@pytest.mark.slow
+def test_bench_jcch_every_answer_valid(tag, tmp_path):
+    env, value = tag
+    data = tmp_path / "jcch"
+    out = tmp_path / "res"
+    cp = run_cli("bench", "tpch", "--benchmark", "jcch", "--engine", "postgres", "--sf", "0.01", "--policies", "wim",
+                 "--runs", "1", "--no-warmup", "--no-plots", "--data-dir", str(data), "--out", str(out),
+                 "--query-timeout", "300", env=env, timeout=900)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    rec = json.loads((out / "results.json").read_text())["policies"]["wim"]
+    assert len(rec["queries"]) == 22 and all(q["valid"] is True for q in rec["queries"].values())
+    assert rec["queries"]["q17"].get("rewritten")
+    assert not wait_gone(TAG, value, 30)
+
+
 # ---- a cluster that outlives the command ---------------------------------------------------------------------
 
 def test_up_status_query_down(data_root, tag):

@@ -52,6 +52,10 @@ def test_parallel_and_io_settings():
     s = settings.server_settings(4, 8000, rotational=False)
     assert s["jit"] == ("on" if settings.JIT_DEFAULT else "off") and s["wal_level"] == "minimal"
     assert settings.server_settings(4, 8000, rotational=False, jit=True)["jit"] == "on"
+    assert settings.jit_choice({settings.JIT_VAR: "on"}) and not settings.jit_choice({settings.JIT_VAR: "OFF"})
+    assert settings.jit_choice({}) == settings.JIT_DEFAULT
+    with pytest.raises(UsageError, match=settings.JIT_VAR):
+        settings.jit_choice({settings.JIT_VAR: "maybe"})
 
 
 def test_argv_and_hba():

@@ -32,7 +32,7 @@ PY = Path(sys.executable)
 # `up` runs where it shows something of its own (a CPU-less node gets no server; 4 nodes): each `up`
 # check costs 50-85 s of guest time, and the whole VM suite must stay within 8 minutes on 2 cores.
 CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the rest to even out both slots
-    "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "up", "elastic", "probes", "bench"],
+    "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "up", "elastic", "probes", "bench", "postgres"],
     "l3-spans-nodes": ["sysfs", "topo", "plan", "exec", "probes"],
     "four-node-asym": ["sysfs", "topo", "plan", "exec", "up"],
     "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace", "cgroup_delegated"],
@@ -78,10 +78,12 @@ class Guests:
                 env["TILEWISE_BIN_DIR"] = str(native)
         if any("bench" in c for c in chosen.values()):
             warm_tpch_cache()
-        if any("up" in c for c in chosen.values()):  # the servers load SF 0.01: made here, not under TCG
+        if any("up" in c or "postgres" in c for c in chosen.values()):  # SF 0.01: made here, not under TCG
             from tilewise.benchmarks.tpch import data as tpch_data
 
             tpch_data.ensure_data(0.01)
+        if any("postgres" in c for c in chosen.values()):
+            warm_postgres_load()
         jobs = int(os.environ.get("TILEWISE_VM_JOBS", "2"))
         self.pool = ThreadPoolExecutor(max(1, jobs), thread_name_prefix="vm")
         for name, checks in chosen.items():  # heaviest first
@@ -134,6 +136,39 @@ def warm_tpch_cache() -> None:
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([str(PY), "-m", "tilewise", "bench", "tpch", *BENCH_ARGS, "--policies", "wim",
                         "--out", d, "--json"], capture_output=True, timeout=600, check=True)
+
+
+def warm_postgres_load() -> None:
+    """PostgreSQL's load of TPC-H SF 0.01, cached beside the data here (seconds; minutes under TCG):
+    the guest's servers copy it. Nothing when PostgreSQL cannot run here (the guest's check then
+    fails with its Error line, and the host test skips first)."""
+    from tilewise import engines, plan, topology
+    from tilewise.benchmarks.tpch import data as tpch_data
+    from tilewise.engines.postgres import home, load
+
+    if postgres_missing():
+        return
+    ds = tpch_data.dataset(0.01)
+    if load.Template(ds, home.major()).ready() is None:
+        p = plan.plan(topology.load(None), "wim")
+        rt = engines.get("postgres").runtime_class()()
+        rt.start(p, dataset=ds, memory_mb={i.id: 512 for i in p.instances})
+        rt.stop()
+
+
+def postgres_missing() -> str | None:
+    """Why the guests cannot run PostgreSQL (they run as root: the servers need the `tilewise` user)."""
+    from tilewise import engines
+    from tilewise.engines.postgres import home
+
+    why = engines.get("postgres").missing()
+    if why:
+        return why
+    try:
+        home.run_as(euid=0)
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+    return None
 
 
 @pytest.fixture(scope="session")
@@ -435,6 +470,47 @@ def test_up_duckdb_win_status_query_down(guests, name):
     r = guests.check(name, "up")
     tables = ok(r["status"])["data"]["tables"]
     check_up_facts(TOPOLOGIES[name], r, up_answer(tables))
+
+
+def test_up_postgres_win_one_server_per_node(guests):
+    """`up --engine postgres --policy win --sf 0.01`: one PostgreSQL server per node with CPUs (none on
+    the CPU-less node); every process of each server (postmaster, background processes, a backend of
+    ours, parallel workers) on that node's cores, membind to it, and the backend's pages -- private
+    and the shared buffers it read lineitem into -- on that node; `down` leaves no process, no System
+    V segment, no /dev/shm file and no data directory."""
+    why = postgres_missing()
+    if why:
+        pytest.skip(f"postgres: {why}")
+    name = "two-socket-cxl"
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "postgres")
+    up = ok(r["up"])
+    assert up["engine"] == "postgres" and up["policy"] == "win" and up["healthy"], up["problems"]
+    want = up_expected(t)
+    servers = sorted(up["members"], key=lambda m: m["instance"])
+    assert sorted((m["cpus"], m["mem_policy"], tuple(m["mem_nodes"])) for m in servers) == sorted(
+        (cpus, "membind", (node,)) for cpus, node in want), servers
+    for m in servers:  # tilewise read back the whole tree
+        assert m["processes"] and all(p["verification"] == "verified" for p in m["processes"]), m["processes"]
+    answers = set()
+    for m in servers:
+        cpus, node = m["cpus"], m["mem_nodes"][0]
+        srv = r["servers"][str(m["instance"])]
+        answers.add(json.dumps(srv["answer"]))
+        procs = {"postmaster": srv["postmaster"], "backend": srv["backend"], **srv["children"],
+                 **{f"parallel worker {p}": b for p, b in srv["parallel_workers"].items()}}
+        assert len(srv["children"]) >= 4, srv["children"]  # checkpointer, writers, launchers
+        for who, proc in procs.items():
+            assert proc["Cpus_allowed_list"] == cpus, (m["instance"], who, proc)
+            assert set(proc["numa_maps_policies"]) <= {f"bind:{node}"}, (m["instance"], who, proc)
+        pages = {int(k): v for k, v in srv["backend"]["anon_pages"].items() if v}
+        assert set(pages) == {node} and pages[node] > 100, (m["instance"], pages)  # lineitem in its buffers
+        assert srv["parallel_workers"], "no parallel worker seen"
+    assert len(answers) == 1  # every server holds the same data
+    down = ok(r["down"])
+    assert {m["pid"] for m in servers} <= set(down["stopped_pids"]) and not down["left"], down
+    assert r["tagged_after"] == [] and r["killed_after_check"] == [], r["tagged_after"]
+    assert r["sysv_after"] == [] and r["dev_shm_after"] == [] and r["dirs_after"] == [], r
 
 
 # ---- elastic -------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ The cache (``Template``), like Trino's statistics (engines/trino/hive.py):
     <Dataset.dir>/postgres/pg<major>/ready.json   what it holds: the data files' identity, the keys, the recipe
 
 It lives in the data set's directory, so a regenerated data set never meets a stale copy, and
-ready.json names the data files' identity (inode, size, mtime): a data set whose files changed is
-loaded again. Each instance starts from its own copy of the cached directory (``cp -a
+ready.json names the data files' size and modification time: a data set whose files changed is
+loaded again (not their inode numbers, which a file system shared with a VM guest renumbers). Each instance starts from its own copy of the cached directory (``cp -a
 --reflink=auto``: a clone where the file system can, else a copy; seconds at SF 1, against about a
 minute to load), so the cache does not depend on the instance layout: a run with 1 or 16 instances
 uses the same one. The load runs under an exclusive lock, copies under a shared one. A data set in
@@ -41,8 +41,9 @@ from pathlib import Path
 from tilewise.data import Dataset, Keys
 from tilewise.engines import sqltypes
 from tilewise.errors import TilewiseError
+from tilewise.fsutil import atomic_write_json
 
-READY_FORMAT = "tilewise-postgres-load/1"  # bump when what a load builds changes
+READY_FORMAT = "tilewise-postgres-load/3"  # bump when what a load builds changes
 BATCH_ROWS = 128 * 1024  # rows per CSV chunk handed to COPY
 
 TYPES = sqltypes.TypeNames({
@@ -202,7 +203,7 @@ def files_identity(ds: Dataset) -> dict[str, list[int]]:
     out = {}
     for t, p in ds.tables.items():
         st = os.stat(p)
-        out[t] = [st.st_ino, st.st_size, st.st_mtime_ns]
+        out[t] = [st.st_size, st.st_mtime_ns]
     return out
 
 
@@ -280,7 +281,5 @@ class Template:
             shutil.copytree(built, self.data_dir, symlinks=True)
             shutil.rmtree(built, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-        from tilewise.fsutil import atomic_write_json
-
         atomic_write_json(self.ready_path, {**self.recipe(), "dataset": self.dataset.to_json(), "load": info,
                                             "stored": time.time()})

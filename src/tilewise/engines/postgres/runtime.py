@@ -41,6 +41,7 @@ import socket
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tilewise import changes, cpulist, launch, procs, verification
@@ -275,9 +276,11 @@ class PostgresServers(ProcessCluster):
             pw_file = atomic_write(root / "password", password + "\n", mode=0o600)
             rot = settings.rotational(root)
             with self._template(plan, dataset, bindir, root, allocator, memory_mb, log) as (template, load_info):
-                for inst in plan.instances:
-                    self._start_instance(inst, root, template, load_info, bindir, ports[inst.id], memory_mb[inst.id],
-                                         allocator, rot, pw_file, log)
+                made = self._data_dirs(plan, root, template, bindir)
+            for inst in plan.instances:
+                data, clone_s = made[inst.id]
+                self._start_instance(inst, root, data, {**load_info, "clone_s": clone_s} if template else {}, bindir,
+                                     ports[inst.id], memory_mb[inst.id], allocator, rot, pw_file, log)
             self.endpoint = str(root)
             deadline = time.monotonic() + START_TIMEOUT_S
             for m in self.workers():
@@ -295,36 +298,50 @@ class PostgresServers(ProcessCluster):
                 self.stop()
             raise
 
-    def _start_instance(self, inst, root: Path, template: Path | None, load_info: dict, bindir: Path, port: int,
+    def _data_dirs(self, plan: Plan, root: Path, template: Path | None, bindir: Path) -> dict[int, tuple[Path, float]]:
+        """Every instance's data directory, all at once: a copy of the cached load made by a `cp` bound
+        like the instance (so the page cache of its files starts on the instance's node), or a fresh
+        initdb without a data set. {instance: (data directory, seconds it took)}."""
+        def one(inst) -> tuple[int, tuple[Path, float]]:
+            base = root / f"instance-{inst.id}"
+            base.mkdir(mode=0o711)
+            os.chmod(base, 0o711)
+            self._own(base / "socket")
+            data = base / "data"
+            t0 = time.monotonic()
+            if template is not None:
+                self._copy(template, data, Binding.from_instance(inst))
+            else:
+                self._initdb(data, bindir)
+            (data / "pg_hba.conf").write_text(settings.hba(self.host))
+            self._chown_tree(data / "pg_hba.conf")
+            return inst.id, (data, round(time.monotonic() - t0, 3))
+
+        with ThreadPoolExecutor(max_workers=len(plan.instances), thread_name_prefix="pg-copy") as pool:
+            return dict(pool.map(one, plan.instances))
+
+    def _start_instance(self, inst, root: Path, data: Path, load_info: dict, bindir: Path, port: int,
                         memory_mb: int, allocator: str, rotational, pw_file: Path, log) -> Member:
-        base = root / f"instance-{inst.id}"
-        base.mkdir(mode=0o711)
-        os.chmod(base, 0o711)
-        data, sock = base / "data", self._own(base / "socket")
-        t0 = time.monotonic()
-        if template is not None:
-            self._copy(template, data)
-        else:
-            self._initdb(data, bindir)
-        copy_s = time.monotonic() - t0
-        hba = data / "pg_hba.conf"
-        hba.write_text(settings.hba(self.host))
-        self._chown_tree(hba)
         cores = len(inst.cpus)
+        sock = data.parent / "socket"
         cfg = {**settings.server_settings(cores, memory_mb, rotational=rotational),
                **settings.connection_settings(port, self.host, sock, f"tilewise-{inst.id}")}
         extra = {"port": port, "socket_dir": str(sock), "data_dir": str(data), "server_root": str(root),
                  "user": self.user.name, "password_file": str(pw_file),
                  "settings": {k: v for k, v in cfg.items() if k not in ("unix_socket_permissions",)},
-                 "load": {**load_info, "clone_s": round(copy_s, 3)} if template is not None else {}}
+                 "load": load_info}
         m = self._spawn_server("worker", inst.id, data, Binding.from_instance(inst, allocator), cfg, bindir,
                                cores=cores, memory_mb=memory_mb, extra=extra)
         if log:
             log(f"PostgreSQL server {inst.id} starting: pid {m.pid}, {m.binding.describe()}, port {port}")
         return m
 
-    def _copy(self, template: Path, dst: Path) -> None:
-        res = subprocess.run(["cp", "-a", "--reflink=auto", str(template), str(dst)], capture_output=True, text=True)
+    def _copy(self, template: Path, dst: Path, b: Binding) -> None:
+        try:
+            res = launch.run(["cp", "-a", "--reflink=auto", str(template), str(dst)], b, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        except launch.LaunchError as e:
+            raise PostgresError(f"cannot copy the loaded data set to {dst}: {e}") from None
         if res.returncode != 0:
             raise PostgresError(f"cannot copy the loaded data set {template} to {dst}: {res.stderr.strip()[:300]}",
                                 f"check the free space in {dst.parent} (or set {DIR_VAR})")
@@ -372,7 +389,10 @@ class PostgresServers(ProcessCluster):
         total_mb = sum(memory_mb.values())
         cfg = {**settings.server_settings(len(cpus), total_mb, rotational=settings.rotational(root)),
                **settings.connection_settings(LOADER_PORT, "", sock, "tilewise-load"),
-               "max_wal_size": "4GB", "autovacuum": "off"}
+               "max_wal_size": "4GB", "autovacuum": "off",
+               # what it leaves in pg_wal is copied into every instance: no recycled segments kept,
+               # new ones sparse (16 MB of zeros each otherwise)
+               "wal_recycle": "off", "wal_init_zero": "off"}
         m = self._spawn_server("loader", None, data, Binding(tuple(cpus), "first-touch", (), allocator), cfg, bindir,
                                cores=len(cpus), memory_mb=total_mb,
                                extra={"port": LOADER_PORT, "socket_dir": str(sock), "data_dir": str(data),
