@@ -100,6 +100,7 @@ def test_bench_tpch_every_answer_valid(tmp_path, data_root):
         assert len(pol["instances"]) == len(want[label].instances)
         for inst in pol["instances"]:
             assert inst["binding_verified"] is True and inst["threads"] == len(inst["cpus"])  # max_threads = cores
+            assert inst["rss_peak_mb"] >= inst["rss_loaded_mb"] >= inst["rss_anon_loaded_mb"] > 0  # RSS per instance
         assert sorted(pol["queries"], key=lambda q: int(q[1:])) == [f"q{n}" for n in range(1, 23)]
         assert all(rec["valid"] is True for rec in pol["queries"].values()), \
             {q: rec.get("detail") or rec.get("error") for q, rec in pol["queries"].items() if rec["valid"] is not True}

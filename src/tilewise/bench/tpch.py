@@ -853,8 +853,9 @@ def _instances(engine, p) -> list[dict]:
         for k in ("load_s", "threads", "memory_mb", "settings", "load"):  # settings, load: the engine's own
             if info.get(k) is not None:
                 d[k] = info[k]
-        if info.get("rss_mb") is not None:
-            d["rss_loaded_mb"] = info["rss_mb"]  # resident memory once the data set is loaded
+        for k, name in (("rss_mb", "rss_loaded_mb"), ("rss_anon_mb", "rss_anon_loaded_mb")):
+            if info.get(k) is not None:
+                d[name] = info[k]  # resident memory once the data set is loaded (all of it; anonymous)
         out.append(d)
     return out
 

@@ -386,7 +386,8 @@ class ReplicaServers(ProcessCluster):
 
     def info(self, instance: int) -> dict:
         reply = self.client(instance).info()
-        keys = ("threads", "memory_mb", "load_s", "pid", "version", "cpu_s", "ctx_involuntary", "rss_mb", "peak_rss_mb")
+        keys = ("threads", "memory_mb", "load_s", "pid", "version", "cpu_s", "ctx_involuntary", "rss_mb", "peak_rss_mb",
+                "rss_anon_mb")
         return {k: reply[k] for k in keys if k in reply}
 
     # ---- status -------------------------------------------------------------------------------

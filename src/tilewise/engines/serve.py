@@ -234,13 +234,18 @@ class Server:
             self.reply(msg, {"ok": False, "error": f"{type(e).__name__}: {e}"})
 
 
+_STATUS_KEYS = {"VmRSS:": "rss_mb", "VmHWM:": "peak_rss_mb", "RssAnon:": "rss_anon_mb"}
+
+
 def resident_mb() -> dict:
-    """This process's resident memory now and at its peak (MiB; /proc/self/status VmRSS, VmHWM)."""
+    """This process's resident memory now, at its peak, and its anonymous part now (MiB;
+    /proc/self/status VmRSS, VmHWM, RssAnon: the rest is file pages, e.g. the engine's library,
+    which instances share through the page cache)."""
     out = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                key = {"VmRSS:": "rss_mb", "VmHWM:": "peak_rss_mb"}.get(line.split(maxsplit=1)[0] if line.strip() else "")
+                key = _STATUS_KEYS.get(line.split(maxsplit=1)[0] if line.strip() else "")
                 if key:
                     out[key] = int(line.split()[1]) // 1024
     except (OSError, ValueError, IndexError):

@@ -182,8 +182,8 @@ class ClickHouse(serve.Handler):
                         raise serve.Refused(
                             f"table {name} does not fit in ClickHouse's memory limit (max_server_memory_usage "
                             f"{self.limit_bytes >> 20} MiB): {_first_line(e)}",
-                            f"give it more memory with --worker-memory (the Parquet tables are "
-                            f"{_parquet_mb(tables)} MiB; in memory they take about 3x that)") from None
+                            f"give it more memory with --worker-memory (its tables are {_parquet_mb(tables)} MiB as "
+                            "Parquet and take several times that in memory)") from None
                     raise
 
     def query(self, sql: str) -> serve.Answer:
@@ -211,25 +211,27 @@ class ClickHouse(serve.Handler):
                 self._rw.release_write()
 
     def _apply(self, con, plans: list[tuple[str, str, str]]) -> None:
-        done: list[tuple[str, str, str]] = []  # (kind, table, undo table) of what was applied
+        done: list[tuple[str, str, str]] = []  # (kind, table, undo table) of the statements applied
+        made: list[str] = []  # the undo tables, dropped afterwards
         try:
             for kind, table, body in plans:
                 self._undo_seq += 1
                 undo = f"_tilewise_undo_{self._undo_seq}"
+                made.append(undo)
                 if kind == "insert":  # the rows to insert, kept: the undo deletes exactly them
                     con.query(f"CREATE TABLE {undo} ENGINE = Memory AS {body}")
-                    done.append((kind, table, undo))
+                    done.append((kind, table, undo))  # first: deleting rows that never arrived is harmless
                     con.query(f"INSERT INTO {table} SELECT * FROM {undo}")
                 else:  # the rows to delete, kept: the undo inserts them back
                     con.query(f"CREATE TABLE {undo} ENGINE = Memory AS SELECT * FROM {table} WHERE {body}")
-                    done.append((kind, table, undo))
                     con.query(f"ALTER TABLE {table} DELETE WHERE {body}")
+                    done.append((kind, table, undo))  # after: a Memory table's mutation is applied whole or not at all
         except Exception:
             with self._session() as fresh:  # the failed statement's connection is unusable (see _session)
                 _undo(fresh, done)
-                _drop(fresh, done)
+                _drop(fresh, made)
             raise
-        _drop(con, done)
+        _drop(con, made)
 
     def info(self) -> dict:
         with self._session() as con:
@@ -268,14 +270,17 @@ def _undo(con, done: list[tuple[str, str, str]]) -> None:
             con.query(f"INSERT INTO {table} SELECT * FROM {undo}")
 
 
-def _drop(con, done: list[tuple[str, str, str]]) -> None:
-    for _, _, undo in done:
-        con.query(f"DROP TABLE IF EXISTS {undo} SYNC")
+def _drop(con, tables: list[str]) -> None:
+    for name in tables:
+        con.query(f"DROP TABLE IF EXISTS {name} SYNC")
 
 
 def _first_line(e: Exception) -> str:
+    """ClickHouse's message up to the end of its first sentence ("Code: 241. DB::Exception: ...")."""
     text = " ".join(str(e).split())
-    return text[:300]
+    start = text.find("DB::Exception: ")
+    end = text.find(". ", start) if start >= 0 else -1
+    return (text[:end] if end > 0 else text)[:300]
 
 
 def _parquet_mb(tables: dict[str, str]) -> int:
