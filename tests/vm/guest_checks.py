@@ -704,16 +704,13 @@ def check_postgres_elastic() -> dict:
     node (adaptive's pages per node are summed over the postmaster's tree, shared memory once), the
     backends born during the run are in the tree, and everything is restored. On a cgroup2-only
     guest the cpuset is v2 (--enforce cgroup), elsewhere sched_setaffinity. The server is the
-    engine's own runtime serving two small tables copied into the guest's own /tmp (PostgreSQL
-    builds and caches its load beside a data set: the host's read-only view cannot hold it, and a
-    full set takes minutes to load under TCG); its load is CPU in three backends, started once the
-    daemon runs (a five-way join of a small table, 10 s each)."""
-    import shutil
+    engine's own runtime on TPC-H SF 0.01, whose load the host cached (test_vm_guests.warm_postgres_load:
+    the server copies it); its load is CPU in three backends, started once the daemon runs (a
+    five-way join of a small table, 10 s each)."""
     import threading
 
     from tilewise import engines, plan, topology
     from tilewise.benchmarks.tpch import data as tpch_data
-    from tilewise.data import Dataset
     from tilewise.elastic import session
     from tilewise.elastic.metrics import ProcFS
 
@@ -727,13 +724,10 @@ def check_postgres_elastic() -> dict:
     t = topology.load(None)
     rt = engines.get("postgres").runtime_class()()
     t0 = time.monotonic()
-    tiny = WORK / "pg-tiny"
-    tiny.mkdir(exist_ok=True)
-    for name in ("region", "nation"):
-        shutil.copy(tpch_data.sf_dir(0.01) / f"{name}.parquet", tiny / f"{name}.parquet")
     try:
-        ds = Dataset.at(tiny, benchmark="tpch", sf=0.01, title="TPC-H region+nation", table_names=("region", "nation"))
-        rt.start(plan.plan(t, "wim", mem="membind", mem_nodes=(far,)), dataset=ds)
+        p = plan.plan(t, "wim", mem="membind", mem_nodes=(far,))
+        rt.start(p, dataset=tpch_data.dataset(0.01), memory_mb={i.id: 256 for i in p.instances})
+        res["load_info"] = rt.info(0)
         res["start_s"] = round(time.monotonic() - t0, 1)
         pid = rt.status()[0].pid
         res["before"] = sorted(os.sched_getaffinity(pid))
