@@ -35,6 +35,9 @@ from tilewise.errors import TilewiseError
 from tilewise.procs import ProcId
 
 
+FRESH_CHECKS = 10  # ticks a process born during the run is checked for a switch of user
+
+
 class Enforcer:
     """Base: locks the target, records originals through a Session, applies CPU sets, restores."""
 
@@ -60,7 +63,9 @@ class Enforcer:
         self.kept: list[str] = []  # undo items done the nearest possible way (said in the summary)
         self.denied: dict[int, str] = {}  # pid -> why it is not controlled (said once, then left alone)
         self.since: int | None = None  # --pid targets: when control began (clock ticks since boot)
-        self.fresh: set[int] = set()  # live processes born since (bound without a journal entry each)
+        # live processes born since (bound without a journal entry each) -> [the user ids they ran as when
+        # last seen, how many more ticks look again]
+        self.fresh: dict[int, list] = {}
 
     @property
     def journal_path(self):
@@ -175,7 +180,19 @@ class AffinityEnforcer(Enforcer):
                     problems.append(line)
                     continue
                 if self.born_since(pid):
-                    self.fresh.add(pid)
+                    self.fresh[pid] = [self._ids(pid), FRESH_CHECKS]
+            elif pid in self.fresh and self.fresh[pid][1] > 0:
+                # a child that switches user does so right after its birth (setuid, then exec): its first
+                # ticks look again, and one that is no longer ours is said once and left alone
+                seen = self.fresh[pid]
+                seen[1] -= 1
+                ids = self._ids(pid)
+                if ids != seen[0]:
+                    seen[0] = ids
+                    line = self.admit(pid)
+                    if line:
+                        problems.append(line)
+                        continue
             if pid in self.fresh or not (new or changed):
                 # threads born since (already journaled with their process), and every thread of a
                 # process born since (journaled with the tree: changes.BornSince): just bound
@@ -204,8 +221,14 @@ class AffinityEnforcer(Enforcer):
             except TilewiseError as e:  # retried at the next core change, unless it is no longer ours
                 problems.append(self.admit(pid) or str(e))
         self.bound &= set(tasks)
-        self.fresh &= set(tasks.values())
+        live = set(tasks.values())
+        self.fresh = {p: u for p, u in self.fresh.items() if p in live}
         return problems
+
+    def _ids(self, pid: int) -> tuple | None:
+        """Who a process runs as (real, effective, saved uid), from /proc/PID/status."""
+        p = admission.process(pid, self.proc)
+        return None if p is None else (p.uid, p.euid, p.suid)
 
 
 class CgroupMoveEnforcer(Enforcer):
