@@ -41,7 +41,7 @@ CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the 
     "hmat-tiers": ["sysfs", "topo", "hmat", "memprobe", "tiers"],
 }
 # Checks too long for the default suite, booted only with the slow tests (--run-slow or TILEWISE_SLOW=1):
-# postgres_elastic takes about 65 s of guest time (a PostgreSQL server on the host's cached load).
+# postgres_elastic takes 38-66 s of guest time (a PostgreSQL server on the host's cached load).
 SLOW_CHECKS = {"cgroup2": ["postgres_elastic"]}
 BENCH_ARGS = ("--sf", "0.01", "--runs", "1", "--no-warmup", "--no-plots", "--tests", "power")
 PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
