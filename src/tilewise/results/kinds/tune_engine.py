@@ -94,7 +94,9 @@ class TuneEngineDoc(document.Document):
     @property
     def title(self) -> str:
         p = self.params
-        return f"{p.get('engine', '?')}, {p.get('benchmark_title') or p.get('benchmark', '')} SF {p.get('sf')}"
+        sf = p.get("sf")
+        sf = f"{sf:g}" if isinstance(sf, (int, float)) else sf
+        return f"{p.get('engine', '?')}, {p.get('benchmark_title') or p.get('benchmark', '')} SF {sf}"
 
     def changes(self) -> list[tuple[Case, dict]]:
         """Every configuration but the default, against the default (stats.compare_set)."""
