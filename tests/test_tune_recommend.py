@@ -58,11 +58,29 @@ def test_a_small_mean_gain_with_queries_much_slower_keeps_the_default():
     assert rec.changed and "slower within 5%: q2, q9" in rec.reasons[0]
 
 
-@pytest.mark.parametrize("factor,why", [(0.99, "below the 2% worth a change"), (1.0, "the interval includes no change"),
-                                        (1.03, "slower on average")])
+@pytest.mark.parametrize("factor,why", [(1.0, "the interval includes no change"), (1.03, "slower on average")])
 def test_no_significant_gain_keeps_the_default(factor, why):
     rec = recommend(DEFAULT, [Candidate("jemalloc", JEMALLOC, times(factor))], TWO_NODES)
     assert not rec.changed and why in rec.verdicts[0].reason
+
+
+def test_a_gain_below_the_minimum_keeps_the_default():
+    steady = {q: [t[0]] * 5 for q, t in DEFAULT.times.items()}  # no noise: the interval is the point
+    rec = recommend(Candidate("default", Config(), steady),
+                    [Candidate("jemalloc", JEMALLOC, {q: [x * 0.99 for x in t] for q, t in steady.items()})], TWO_NODES)
+    assert not rec.changed and "below the 2% worth a change" in rec.verdicts[0].reason
+
+
+def test_a_disturbed_round_is_one_observation_not_twenty_two():
+    """Two rounds; in one of them something else slowed every query of the default by 20 % (a burst
+    of other work on the machine while that block ran). 21 of 22 queries then look faster under the
+    candidate, but it is one disturbed round, not 22 independent signs: the interval over the
+    rounds holds no change, and nothing is recommended (a fake switch did exactly this here)."""
+    base = {q: 0.1 + 0.01 * i for i, q in enumerate(QUERIES)}
+    default = {q: [b * 1.2, b] for q, b in base.items()}
+    cand = {q: [b, b * 1.01] for q, b in base.items()}
+    rec = recommend(Candidate("default", Config(), default), [Candidate("thp never", OS_OFF, cand)], TWO_NODES)
+    assert not rec.changed and "the interval includes no change" in rec.verdicts[0].reason
 
 
 def test_one_run_has_no_interval_and_decides_nothing():

@@ -168,25 +168,43 @@ def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict | None:
 
 
 def mean_ratio_ci(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict | None:
-    """The mean change over several quantities measured before (a) and after (b), e.g. the queries
-    of a workload under two configurations: the geometric mean of the per-quantity ratios
-    gm(b_i)/gm(a_i), with a 95 % interval from the measurement noise of every quantity (the mean
-    of the log ratios has the variance sum(var_i)/k^2; Welch-Satterthwaite degrees of freedom).
-    The quantities are the workload, not a sample of queries: their differences from one another
-    are not noise. The interval is None unless every quantity has an interval."""
+    """The mean change over several quantities measured before (a) and after (b) in rounds, e.g. the
+    queries of a workload under two configurations, each list in round order (run r of every
+    quantity belongs to round r): the geometric mean of the per-quantity ratios gm(b_i)/gm(a_i),
+    with a 95 % interval over the rounds. A round is one replication: the runs of one round share
+    what the machine was doing then (a burst of other work slows all of them), so the quantities
+    of a round are not independent samples; each round's mean log time over the quantities is one
+    observation, and the interval is Welch's t on those (n = the rounds of each sample). The
+    quantities themselves are the workload, not a sample of queries: their differences from one
+    another are not noise. The interval is None with fewer than two complete rounds on a side."""
     parts = [_log_diff(a, b) for a, b in pairs]
     parts = [p for p in parts if p is not None]
     if not parts:
         return None
-    k = len(parts)
-    diff = sum(p[0] for p in parts) / k
-    out = {"ratio": math.exp(diff), "ci95": None, "n": k}
-    if any(math.isnan(p[1]) for p in parts):
+    diff = sum(p[0] for p in parts) / len(parts)
+    out = {"ratio": math.exp(diff), "ci95": None, "n": len(parts)}
+    ra, rb = _round_means([a for a, _ in pairs]), _round_means([b for _, b in pairs])
+    if len(ra) < 2 or len(rb) < 2:
         return out
-    var = sum(p[1] for p in parts) / (k * k)
-    terms = [(p[1] / (k * k)) ** 2 / p[2] for p in parts if p[1] > 0 and math.isfinite(p[2])]
-    df = (var * var) / sum(terms) if terms and var > 0 else math.inf
-    out["ci95"] = _interval(diff, var, df)
+    va, vb = statistics.variance(ra) / len(ra), statistics.variance(rb) / len(rb)
+    if va + vb == 0:
+        out["ci95"] = [out["ratio"], out["ratio"]]
+        return out
+    df = (va + vb) ** 2 / ((va * va) / (len(ra) - 1) + (vb * vb) / (len(rb) - 1))
+    out["ci95"] = _interval(diff, va + vb, df)
+    return out
+
+
+def _round_means(samples: Sequence[Sequence[float]]) -> list[float]:
+    """Per round (the r-th value of every sample), the mean log value over the samples; only rounds
+    every sample has a positive value for."""
+    logs = [[math.log(x) if x is not None and x > 0 and math.isfinite(x) else None for x in s] for s in samples]
+    rounds = min((len(s) for s in logs), default=0)
+    out = []
+    for r in range(rounds):
+        vals = [s[r] for s in logs]
+        if all(v is not None for v in vals):
+            out.append(statistics.fmean(vals))
     return out
 
 
