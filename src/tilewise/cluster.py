@@ -152,11 +152,44 @@ def locked(name: str):
         raise UsageError(f"cannot use the cluster state directory {d}: {e.strerror}",
                          "set TILEWISE_CLUSTER_DIR to a writable directory") from None
     with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"another tilewise up/down is working on cluster {name!r}", "wait for it") from None
+        deadline = time.monotonic() + 3.0  # a background helper (cracking) holds it for milliseconds at a time
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise UsageError(f"another tilewise up/down is working on cluster {name!r}", "wait for it") from None
+                time.sleep(0.05)
         yield
+
+
+def update(name: str, token: str, change, timeout_s: float = 60.0) -> bool:
+    """Change the recorded state of a running cluster (change(state) edits it in place) and save it,
+    waiting for the cluster's lock (an `up` or `down` in progress). False when no cluster of that
+    name is recorded, or another one is now (its token differs): nothing is written then, so a
+    background helper of a cluster that was stopped never brings its record back."""
+    d = state_dir()
+    try:
+        fh = open(d / f".{check_name(name)}.lock", "w")
+    except OSError as e:
+        raise TilewiseError(f"cannot use the cluster state directory {d}: {e.strerror}") from None
+    with fh:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TilewiseError(f"cluster {name!r} stayed locked for {timeout_s:.0f} s") from None
+                time.sleep(0.05)
+        st = load(name)
+        if st is None or st.token != token:
+            return False
+        change(st)
+        save(st)
+        return True
 
 
 # ---- the lifecycle ------------------------------------------------------------------------------
@@ -197,6 +230,9 @@ class Config:
     # the data set to serve, made (generated if needed) once everything else is checked: (log) -> Dataset
     dataset: Callable[[Callable[[str], None] | None], object] | None = None
     join: str | None = None  # the coordinator on another host (`tilewise join`): start only workers
+    # what starts beside the deployment once it answers (cracking: layout.crack.start): (state, log);
+    # when it fails, the deployment is stopped too
+    background: Callable[[ClusterState, Callable[[str], None] | None], None] | None = None
 
 
 class Reporter:
@@ -231,6 +267,13 @@ def start(cfg: Config, reporter: Reporter | None = None) -> dict:
     t0 = time.monotonic()
     st = up(p, engine=spec.name, name=cfg.name, allocator=cfg.allocator, worker_memory_mb=memory, join=join,
             host=cfg.host, dataset=dataset, log=log, coordinator_mb=coord_mb)
+    if cfg.background is not None:
+        try:
+            cfg.background(st, log)
+        except BaseException:
+            down(st)  # nothing half-started stays: the deployment goes with what failed beside it
+            raise
+        st = load(cfg.name) or st
     doc = status(st)
     doc["startup_s"] = round(time.monotonic() - t0, 2)
     doc["connect"] = st.cluster().connect_hints(st)

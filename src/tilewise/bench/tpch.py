@@ -35,8 +35,10 @@ from pathlib import Path
 
 from tilewise import allocators, benchmarks, changes, cpulist, engines, topology
 from tilewise import plan as planner
-from tilewise.bench import far_memory, validate
+from tilewise.bench import far_memory, on_layout, validate
 from tilewise.bench.validate import RULES, NoReference
+from tilewise.data.sources import scan_files
+from tilewise.engines import splits
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed
 from tilewise.binding import admit_weights, ensure_runnable, set_interleave_weights
 from tilewise.data.refresh import DataState, RefreshSet
@@ -84,6 +86,8 @@ class Config:
     inject_wrong: tuple[QueryId, ...] = ()  # test hook: corrupt these queries' answers before validation
     worker_memory: str | None = None  # the engine's memory knob per worker (its spec's capabilities.memory), e.g. 2g
     mem_variants: tuple[str, ...] = ()  # the far-memory study: near, far, interleave, weighted (bench.far_memory)
+    layout: str | None = None  # the tables in this layout, read in place (bench.on_layout); None: loaded Parquet
+    layout_dir: str | Path | None = None  # the layout store (default: <set dir>/layouts)
     query_timeout_s: float | None = None  # give up on a query after this long (it is reported as failed)
 
 
@@ -358,6 +362,9 @@ class _Ctx:
     prepared: set = field(default_factory=set)  # NULL orders whose references are computed
     no_reference: dict = field(default_factory=dict)  # query -> why the reference has no answer
     stopping: bool = False  # the run is being torn down: an engine error now is not a query's
+    route: Callable[[str], str] | None = None  # a two-copy layout's choice of copy per query (bench.on_layout)
+    tiles: dict | None = None  # this policy's per-tile scan figures (a cooperating engine on a layout)
+    tiles_now: bool = False  # the run that measures them (the warm-up, else the first timed run)
     _engine_sql: dict = field(default_factory=dict)
 
     def engine_sql(self, n: QueryId, stream: int) -> str:
@@ -367,7 +374,8 @@ class _Ctx:
         if key not in self._engine_sql:
             text = self.queries.sql(n, stream)
             q = Query(self.cfg.benchmark, n, stream, self.queries.key(n, stream))
-            self._engine_sql[key] = self.engine.sql(text, q) if self.engine is not None else text
+            sql = self.engine.sql(text, q) if self.engine is not None else text
+            self._engine_sql[key] = self.route(sql) if self.route is not None else sql
         return self._engine_sql[key]
 
     def rewritten(self, n: QueryId) -> bool:
@@ -391,11 +399,17 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     dataset = spec.dataset(cfg.sf, cfg.data_dir, seed=cfg.data_seed if spec.data.seeded else None, log=rep.message)
     qset = spec.query_set(cfg.params, seed=cfg.seed, sf=cfg.sf)
     version = engine.version()
-    if replicas:
+    served, route, layout_info = dataset, None, None
+    if cfg.layout:  # the engine reads the tables in place in this layout; references stay on the Parquet set
+        served, route, layout_info = on_layout.prepare(
+            spec, dataset, cfg.layout, data_dir=cfg.data_dir, layout_dir=cfg.layout_dir,
+            seed=cfg.data_seed if spec.data.seeded else None, log=rep.message)
+        engine.check_reads(served)
+    elif replicas:
         warn = memory_warning(dataset, plans)
         if warn:
             rep.message(warn)
-    supports = engine.capabilities.refresh
+    supports = engine.capabilities.refresh and not served.in_place
     refresh_on = (supports and spec.refresh is not None) if cfg.refresh is None else bool(cfg.refresh)
     check = system_check(numa_nodes=len(topo.cpu_nodes))
     for w in check["warnings"]:
@@ -406,7 +420,10 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
         "dataset": dataset.to_json(), "benchmark": cfg.benchmark, "query_params": qset.params,
         "query_seed": qset.seed, "mem_variants": list(cfg.mem_variants), "query_timeout_s": cfg.query_timeout_s,
+        **({"layout": cfg.layout} if cfg.layout else {}),
     })
+    if layout_info is not None:
+        doc["layout"] = layout_info
     doc.update({
         "requested": {"policies": [label for label, _ in plans], "queries": [f"q{n}" for n in cfg.queries]},
         "completed": {"policies": [], "queries": {}},
@@ -434,12 +451,13 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
             "restore": spec.refresh.restore})
     else:
         why = ("--no-refresh" if cfg.refresh is False else f"{spec.title} has no refresh functions here"
-               if spec.refresh is None else f"the {cfg.engine} engine cannot write its tables")
+               if spec.refresh is None else f"the tables are read in place from layout {cfg.layout} (files are "
+               "not written)" if served.in_place else f"the {cfg.engine} engine cannot write its tables")
         doc["refresh"]["reason"] = why
     doc["notes"] += spec.metrics.notes(queries=len(cfg.queries), total_queries=len(spec.catalog.ids),
                                        refresh_reason=why)
     states = States(dataset, schedule, validate=cfg.validate, loaded=spec.refresh.loaded() if refresh_on else None)
-    ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns, qset, spec, engine)
+    ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns, qset, spec, engine, route=route)
     stream_ids = ([0] if "power" in cfg.tests else []) + (list(range(1, streams + 1)) if "throughput" in cfg.tests else [])
     drawn = qset.describe(stream_ids, cfg.queries)
     if drawn:  # drawn parameters (JCC-H): what every stream runs, as the benchmark's generator would log them
@@ -475,7 +493,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
             with changes.Session(f"bench {label} weights") as session:
                 for line in set_interleave_weights(session, weights) if weights else ():
                     rep.message(f"{label}: {line}")
-                _policy(doc, ctx, engine_cls, label, p, dataset, writer, wrong, replicas)
+                _policy(doc, ctx, engine_cls, label, p, served, writer, wrong, replicas)
             if cfg.mem_variants:
                 doc["far_memory"] = far_memory.summarize(doc)
     except BaseException as e:
@@ -590,10 +608,16 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
         if cfg.validate and ctx.spec.engine_null_order:  # references sorted as this engine sorts NULLs
             ctx.states.null_order = validate.probe_null_order(lambda sql: engine.run_query(sql).rows)
             _prepare_references(ctx, doc)
+        ctx.tiles = _predicted_tiles(ctx, p, dataset) if "power" in cfg.tests else None
+        if ctx.tiles is not None:
+            rec["tiles"] = ctx.tiles
         total = int(cfg.warmup) + cfg.runs
         for r in range(total):
             timed = r >= int(cfg.warmup)
             name = f"run {r + 1 - int(cfg.warmup)}" if timed else "warm-up"
+            ctx.tiles_now = ctx.tiles is not None and r == 0
+            if ctx.tiles_now:
+                ctx.tiles["measured_in"] = name
             one, answers = _one_run(engine, ctx, name, rec.get("start_s"))
             _check(answers, ctx, label, rows_of, detail, failed, rep)
             _not_comparable(ctx, doc)
@@ -623,6 +647,31 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
                 msg = f"{label}/q{n}: {what[n]}" if n in what else None
                 if msg and msg not in msgs:
                     msgs.append(msg)
+
+
+def _predicted_tiles(ctx: _Ctx, p, dataset) -> dict | None:
+    """For a cooperating engine reading a layout in place: per table, the files, row groups and bytes
+    each tile's tasks read by the engine's split rule (engines.splits), to set beside what each tile
+    really read per query (measured in one run, _tile_delta)."""
+    rule = ctx.engine.scan_split if ctx.engine is not None else None
+    if rule is None or not dataset.in_place or ctx.engine.capabilities.replicas:
+        return None
+    cores = sum(len(i.cpus) for i in p.instances)
+    tables = {}
+    for t, src in dataset.table_sources().items():
+        if src.format == "parquet":
+            tables[t] = splits.per_tile(scan_files(src), len(p.instances), cores, rule)
+    return {"predicted": tables, "rule": {"max_split_bytes": rule.max_split_bytes, "pack": rule.pack,
+                                          "row_group_at": rule.row_group_at}, "queries": {}, "measured_in": None}
+
+
+def _tile_delta(before: dict, after: dict) -> list[dict]:
+    """Per tile, what one query's scans did there (the difference of the engine's counters)."""
+    out = []
+    for inst in sorted(set(before) | set(after)):
+        a, b = after.get(inst, {}), before.get(inst, {})
+        out.append({"tile": inst, **{k: a.get(k, 0) - b.get(k, 0) for k in ("tasks", "input_bytes")}})
+    return out
 
 
 def _per_query(one: dict, queries: list[QueryId]) -> dict[QueryId, float]:
@@ -732,9 +781,12 @@ def _power_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> dict:
     if ctx.power_fns:
         out[k1] = ctx.states.apply(engine, ctx.power_fns[0])
     for n in order:
+        before = engine.scan_stats() if ctx.tiles_now else None
         t = _ask(engine, ctx, n, 0, answers)
         if t is not None:
             out["queries"][f"q{n}"] = t
+        if before is not None:
+            ctx.tiles["queries"][f"q{n}"] = _tile_delta(before, engine.scan_stats() or {})
         ctx.rep.step(f"{label}, power q{n}")
     if ctx.power_fns:
         out[k2] = ctx.states.apply(engine, ctx.power_fns[1])

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilewise.data import TABLES, Dataset
+from tilewise.data import TABLES, Dataset, raw
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.errors import UsageError
 
@@ -124,6 +124,23 @@ class Data(abc.ABC):
     def check(self, d: Path, sf: float) -> list[DataCheck]:
         """Every check of the set in d against the specification (only where check_kinds is set)."""
         raise NotImplementedError
+
+    # how raw() makes raw text tables (results and `data layout` say it)
+    raw_generator: str = "the benchmark's Parquet written as text by DuckDB (COPY ... FORMAT csv)"
+
+    def raw(self, sf: float, fmt: str = "csv", data_dir: str | Path | None = None, *, seed: int | None = None,
+            log=None, progress=None) -> Dataset:
+        """The set's tables as raw text files (fmt csv or tbl, with schema.json), cached beside the
+        Parquet set as <set dir>-<fmt>; a Dataset whose sources are those files, read in place. This
+        default writes them from the Parquet set; a benchmark whose generator writes text overrides it
+        (TPC-H: tpchgen-cli)."""
+        ds = self.dataset(sf, data_dir, seed=seed, log=log, progress=progress)
+
+        def build(tmp: Path) -> None:
+            raw.finish_set(tmp, fmt, self.raw_generator, raw.from_parquet(ds.tables, fmt, tmp), sf=sf)
+
+        d = raw.ensure_set(ds.dir.with_name(f"{ds.dir.name}-{fmt}"), fmt, build, what=f"{ds.label} as {fmt}", log=log)
+        return ds.with_sources(raw.discover(d, tables=tuple(ds.table_names)), layout=fmt, dir=d)
 
 
 # ---- queries --------------------------------------------------------------------------------------

@@ -115,6 +115,14 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
                           "interleaved over both, weighted by bandwidth (near,far,interleave,weighted) and report each "
                           "query's slowdown against near memory with a verdict; on a machine without a far tier it "
                           "says so and runs nothing."),
+        click.option("--layout", default=None, metavar="NAME",
+                     help="Read the tables in place in this layout: csv or tbl (the generator's text), parquet (its "
+                          "Parquet set), parquet-K[-rgN][-sorted-COL|+sorted-COL] (made once in the layout store, or "
+                          "the one `data layout --apply` made there); answers are still checked against the Parquet "
+                          "set's. Spark and Trino results then show how each table's files and row groups split over "
+                          "the tiles."),
+        click.option("--layout-dir", default=None, metavar="DIR",
+                     help="The layout store for --layout (default: <data set directory>/layouts)."),
         click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
         click.option("--worker-memory", default=None, metavar="SIZE", cls=LazyHelpOption,
                      help_text=lambda: memory_help("The engine's memory per worker or instance, e.g. 2g")),
@@ -156,7 +164,8 @@ def _help(spec, others: list | None) -> str:
 
 def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list,
          allocator, config_path, data_dir, mem, smt, worker_memory, no_warmup, no_plots, inject, as_json,
-         qparams=None, seed=None, data_seed=None, mem_variants=None, query_timeout=None):
+         qparams=None, seed=None, data_seed=None, mem_variants=None, layout=None, layout_dir=None,
+         query_timeout=None):
     from tilewise.bench import far_memory, tpch as harness
 
     spec = benchmarks.get(benchmark)
@@ -180,7 +189,7 @@ def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
         inject_wrong=tuple(spec.catalog.parse(inject)) if inject else (), worker_memory=worker_memory,
         mem_variants=far_memory.parse_variants(mem_variants) if mem_variants is not None else (),
-        query_timeout_s=query_timeout,
+        layout=layout, layout_dir=layout_dir, query_timeout_s=query_timeout,
     )
     out = console(wide=True)
     with _RichReporter(quiet=False) as rep:

@@ -45,19 +45,42 @@ def _worker_options(f):
 @click.option("--sf", default=None, help="Serve TPC-H at this scale factor (generated if needed): loaded into every "
               "instance, or registered for the cluster's queries (`tilewise query`; the connect hints say how else).")
 @click.option("--data-dir", default=None, metavar="DIR", help="TPC-H data directory (default: the user cache).")
+@click.option("--raw", "raw_format", type=click.Choice(["csv", "tbl"]), default=None,
+              help="With --sf: serve TPC-H's tables as tpchgen-cli writes them as text, read in place.")
+@click.option("--data", "data_path", default=None, metavar="DIR",
+              help="Serve a directory of raw tables (<table>.csv/.tbl/.json/.parquet or a folder of them), read in "
+                   "place (engines that read files: `tilewise engines list`).")
+@click.option("--crack", "crack_layout", default=None, metavar="LAYOUT",
+              help="Transform the raw tables in the background into LAYOUT (parquet-K[-rgN][-sorted-COL], or auto) on "
+                   "the cores the deployment leaves idle; each table switches to its copy once it is complete and "
+                   "checked (`tilewise status` shows the progress).")
+@click.option("--layout-dir", default=None, metavar="DIR",
+              help="Where --crack writes the copies (default: <data>/layouts when writable, else the cache).")
+@click.option("--crack-pause", type=SECONDS, default=None, hidden=True,
+              help="Test hook: the cracker sleeps this long after each file it writes.")
 @click.option("--coordinator-memory", default=None, metavar="SIZE", cls=LazyHelpOption, help_text=coordinator_help)
 @click.option("--join", "join", default=None, metavar="URL", hidden=True,
               help="Same as `tilewise join --coordinator URL` (kept for scripts written for Spark).")
 @json_option
 def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
-           allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
+           allocator, worker_memory, host, sf, data_dir, raw_format, data_path, crack_layout, layout_dir, crack_pause,
+           coordinator_memory, join, as_json):
     """Start a bound cluster that keeps running; print how to connect.
 
     One bound worker per plan instance (the engine's worker or server: --engine), verified from
     /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
     """
+    if raw_format and sf is None:
+        raise UsageError("--raw serves TPC-H's tables as text: it needs --sf", "e.g. --sf 1 --raw csv")
+    if data_path and sf is not None:
+        raise UsageError("--data and --sf both name the data to serve", "give one of them")
+    if crack_layout and not (data_path or raw_format):
+        raise UsageError("--crack transforms raw tables: start on them with --data DIR or --sf N --raw csv",
+                         "e.g. tilewise up --engine duckdb --sf 1 --raw csv --crack auto")
+    raw = {"format": raw_format, "data": data_path, "crack": crack_layout, "layout_dir": layout_dir,
+           "pause": crack_pause}
     _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
-           allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json)
+           allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json, raw)
 
 
 @click.command("join")
@@ -81,18 +104,42 @@ def join_cmd(engine, coordinator, topology_src, policy, instances, mem, mem_node
 
 
 def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
-           allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json):
+           allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json, raw=None):
     from tilewise import cluster
 
-    def dataset(log):  # --sf: TPC-H, generated if needed
-        from tilewise.benchmarks.tpch import data as tpch_data
+    raw = raw or {}
+    spec = engines.get(engine)
+    if raw.get("crack") and not spec.capabilities.switch:
+        raise UsageError(f"{spec.title} cannot switch a table to another copy while it runs: --crack does not apply",
+                         f"use --engine {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.switch))}")
 
-        return tpch_data.dataset(sf, data_dir, log=log)
+    def dataset(log):  # --sf: TPC-H (its Parquet, or --raw its text), generated if needed; --data: raw tables
+        if sf is not None:
+            from tilewise.benchmarks.tpch import data as tpch_data
+
+            ds = (tpch_data.raw_dataset(sf, raw["format"], data_dir, log=log) if raw.get("format")
+                  else tpch_data.dataset(sf, data_dir, log=log))
+        else:
+            from tilewise.data import raw as rawdata
+
+            ds = rawdata.dataset(raw["data"])
+        spec.check_reads(ds)
+        if raw.get("crack"):  # a layout cracking cannot make is refused before anything starts
+            from tilewise.layout import crack
+
+            crack.target(raw["crack"], ds.table_sources(), 1)
+        return ds
+
+    def background(st, log):  # --crack: the transformation beside the deployment, once it answers
+        from tilewise.layout import crack
+
+        crack.start(st, raw["crack"], layout_dir=raw.get("layout_dir"), pause_s=raw.get("pause") or 0.0, log=log)
 
     cfg = cluster.Config(engine, lambda t: make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads,
                                                      working_set, skewed),
                          topology_src, name, allocator, worker_memory, coordinator_memory, host,
-                         dataset if sf is not None else None, join)
+                         dataset if sf is not None or raw.get("data") else None, join,
+                         background if raw.get("crack") else None)
     doc = cluster.start(cfg, None if as_json else Messages(prefix="tilewise: "))
     if as_json:
         emit_json(doc)
@@ -129,6 +176,15 @@ def print_status(doc: dict) -> None:
     out.print(table)
     for pr in doc["problems"]:
         out.print(f"problem: {pr}", markup=False)
+    ck = (doc.get("data") or {}).get("crack")
+    if ck:
+        done = sum(1 for t in ck["tables"].values() if t.get("state") == "switched")
+        out.print(f"cracking into {ck['layout']}: {ck.get('state')}, {done} of {len(ck['tables'])} tables switched"
+                  + (f"; error: {ck['error']}" if ck.get("error") else ""), markup=False)
+        for t, v in ck["tables"].items():
+            cost = v.get("cost") or {}
+            extra = f", made in {cost['time_s']:.2f} s" if cost.get("time_s") is not None else ""
+            out.print(f"  {t}: {v.get('state')} ({v.get('copy')}{extra})", markup=False)
 
 
 def _endpoint_label(engine: str) -> str:

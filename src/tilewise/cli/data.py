@@ -8,9 +8,11 @@ from pathlib import Path
 
 import click
 
-from tilewise import benchmarks
+from tilewise import benchmarks, engines
 from tilewise.cli import LazyGroup
-from tilewise.cli.common import ProgressBars, console, emit_json, json_option
+from tilewise.cli.common import (AT_LEAST_1, Messages, Number, ProgressBars, conflicts, console, emit_json,
+                                 json_option, topology_option)
+from tilewise.cli.engines import LazyHelpOption
 from tilewise.data import store, table_paths
 from tilewise.errors import TilewiseError, UsageError
 
@@ -151,11 +153,98 @@ def render(results, title: str, kinds: tuple[tuple[str, str], ...], out=None) ->
               markup=False)
 
 
+@click.command("layout")
+@click.option("--data", "data_path", default=None, metavar="DIR",
+              help="A directory of raw tables: <table>.csv/.tbl/.json/.parquet or a folder of them per table "
+                   "(columns from schema.json beside them, else inferred; TBL needs schema.json).")
+@click.option("--benchmark", "-b", type=click.Choice(benchmarks.names()), default=None,
+              help="Its queries are the workload (over --data, or over its own tables at --sf).")
+@click.option("--sf", default=None, help="Without --data: the benchmark's tables at this scale factor, as its "
+                                         "generator writes them as text (--raw).")
+@click.option("--raw", "raw_format", type=click.Choice(["csv", "tbl"]), default="csv", show_default=True,
+              help="Without --data: the text format of the benchmark's tables (TPC-H: tpchgen-cli csv|tbl).")
+@data_dir_option
+@click.option("--queries", "-q", "query_list", default=None, metavar="LIST",
+              help="A subset of the benchmark's queries, e.g. 1,6,14,15,20 (default: all).")
+@click.option("--sql", "sql_file", default=None, metavar="FILE",
+              help="The workload as a file of SQL statements (each ending with ';') instead of a benchmark's queries.")
+@click.option("--engine", "-e", default=None, metavar="ENGINE", cls=LazyHelpOption,
+              help_text=lambda: "Engine that runs the workload, reading the files in place: "
+                                + ", ".join(s.name for s in engines.specs(lambda s: s.capabilities.reads))
+                                + f" (default {engines.DEFAULT_BENCH}).")
+@click.option("--policy", "-p", default="auto", show_default=True, metavar="POLICY",
+              help="Deployment policy: its tiles decide the file counts tried (multiples of the tiles).")
+@click.option("--instances", "-k", type=AT_LEAST_1, default=None, help="Number of instances (policy n).")
+@topology_option
+@click.option("--layouts", "layout_list", default=None, metavar="LIST",
+              help="Measure these layouts instead of the candidates, e.g. parquet-1,parquet-8,"
+                   "parquet-8-sorted-l_shipdate,parquet-8+sorted-l_shipdate (the data as it is is always measured).")
+@click.option("--runs", "-r", type=AT_LEAST_1, default=3, show_default=True,
+              help="Measured runs per query and layout (after one unmeasured run that checks the answer).")
+@click.option("--drop", type=click.Choice(["files", "system", "none"]), default="files", show_default=True,
+              help="Page cache before every run: dropped per file of the layout (posix_fadvise), system-wide "
+                   "(root), or none (warm).")
+@click.option("--expected-runs", type=Number(min=0, min_open=True), default=None, metavar="N",
+              help="The workload will run N times: recommend what is cheapest over N runs, making the layout included.")
+@click.option("--max-file-mb", type=Number(min=0, min_open=True), default=200, show_default=True,
+              help="Size bound per file (the thesis: Parquet files should stay under 200 MB).")
+@click.option("--apply", "apply", is_flag=True, help="Make the recommended layout in the layout store (atomic, checked).")
+@click.option("--apply-layout", default=None, metavar="NAME", help="Make this layout instead of the recommended one.")
+@click.option("--layout-dir", default=None, metavar="DIR",
+              help="The layout store (default: <data>/layouts when writable, else ~/.cache/tilewise/layouts).")
+@click.option("--out", "-o", "out_dir", default=None, metavar="DIR", help="Write results.json and CSV files here.")
+@json_option
+def layout_cmd(data_path, benchmark, sf, raw_format, data_dir, query_list, sql_file, engine, policy, instances,
+               topology_src, layout_list, runs, drop, expected_runs, max_file_mb, apply, apply_layout, layout_dir,
+               out_dir, as_json):
+    """Measure candidate layouts of a data set for a workload and recommend one (thesis 004, ch. 5).
+
+    Candidates: the data as it is, Parquet with one file per table, K files per table (K a multiple
+    of the plan's tiles, by size bounds), smaller row groups, sorted on the column the workload's
+    predicates filter on most, and a sorted second copy. Per layout and query: time (median, 95 %
+    CI), bytes read from storage (/proc/<pid>/io, page cache dropped per --drop), CPU-seconds; per
+    layout what making it cost and its break-even in workload runs.
+
+    \b
+    Example: tilewise data layout --benchmark tpch --sf 1 --queries 1,6,14,15,20 --out results/layout
+             tilewise data layout --data ./drop --sql queries.sql --apply
+    """
+    from tilewise.layout import session
+
+    if apply_layout is not None:
+        conflicts("--apply-layout", ["apply"], "--apply-layout names the layout to make; --apply makes the recommended one")
+    if engine is not None:
+        engines.get(engine)
+    cfg = session.Config(
+        data=data_path, benchmark=benchmark, sf=sf, raw_format=raw_format, data_dir=data_dir, queries=query_list,
+        sql_file=sql_file, engine=engine or engines.DEFAULT_BENCH, policy=policy, instances=instances,
+        topology_src=topology_src, layouts=_names(layout_list, "--layouts"), runs=runs, drop=drop,
+        expected_runs=expected_runs, apply=apply, apply_layout=apply_layout, layout_dir=layout_dir, out=out_dir,
+        max_file_mb=max_file_mb)
+    doc = session.run(cfg, Messages(prefix="tilewise: "))
+    if as_json:
+        emit_json(doc)
+        return
+    from tilewise.results import report
+
+    report.render(doc, console(wide=True))
+
+
+def _names(text: str | None, flag: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError(f"{flag} is empty", f"e.g. {flag} parquet-1,parquet-8")
+    return names
+
+
 class DataGroup(LazyGroup):
-    registry = {"generate": "tilewise.cli.data:generate_cmd", "check": "tilewise.cli.data:check_cmd"}
+    registry = {"generate": "tilewise.cli.data:generate_cmd", "check": "tilewise.cli.data:check_cmd",
+                "layout": "tilewise.cli.data:layout_cmd"}
 
 
 @click.group("data", cls=DataGroup)
 def data() -> None:
     """Benchmark data sets: generate any registered benchmark's as Parquet, check a set against its
-    benchmark's specification."""
+    benchmark's specification, measure and make layouts of raw data (`data layout`)."""

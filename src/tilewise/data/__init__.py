@@ -5,12 +5,19 @@ registry name, e.g. ``tpch``), its scale factor, its directory, its tables and, 
 that take one, its seed. Engines receive a Dataset and read ``tables``; they never import the
 benchmark harness or the generators. The generators live in the benchmarks' own packages
 (tilewise.benchmarks.<name>); tilewise.data.store is the cache they build into.
+
+A Dataset may also carry a layout (tilewise.data.layouts): per table a ``TableSource`` (K Parquet
+files, or raw CSV/TBL/JSON with its columns), and ``in_place``: the engines read the files where
+they are, per query, instead of loading them (what makes a layout matter, and what cracking
+switches from one copy to the next). ``table_sources()`` is every engine's view of the tables.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from tilewise.data.sources import TableSource
 
 # The TPC-H schema's tables (TPC-H and JCC-H): a Dataset's tables unless its benchmark names others.
 TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
@@ -76,21 +83,50 @@ class Dataset:
     title: str = ""  # what messages call the benchmark, e.g. "TPC-H" ("": its name upper-cased)
     table_names: tuple[str, ...] = TABLES
     keys: Keys | None = None  # the benchmark's primary and foreign keys (None: it defines none)
+    sources: tuple[TableSource, ...] = ()  # a layout's or raw tables' files; () = <dir>/<table>.parquet
+    in_place: bool = False  # engines read the files per query (views over them) instead of loading them
+    layout: str = ""  # the layout's name ("csv", "parquet-8"); "" = the generator's Parquet
 
     @property
     def tables(self) -> dict[str, Path]:
+        """table -> the path naming it: its file, or the directory holding its files."""
+        if self.sources:
+            return {s.table: s.path for s in self.sources}
         return table_paths(self.dir, self.table_names)
+
+    def table_sources(self) -> dict[str, TableSource]:
+        """table -> where its rows are (what an engine reads): the layout's, or the one Parquet file."""
+        if self.sources:
+            return {s.table: s for s in self.sources}
+        return {t: TableSource(t, "parquet", (str(p),)) for t, p in self.tables.items()}
 
     @property
     def label(self) -> str:
         seed = f", seed {self.seed}" if self.seed is not None else ""
-        return f"{self.title or self.benchmark.upper()} SF {self.sf:g}{seed}"
+        layout = f", layout {self.layout}" if self.layout else ""
+        sf = f" SF {self.sf:g}" if self.sf else ""  # data of no benchmark has no scale factor
+        return f"{self.title or self.benchmark.upper()}{sf}{seed}{layout}"
 
     def parquet_bytes(self) -> int:
+        """Bytes of the tables' files on disk (their Parquet, or the layout's files whatever their format)."""
+        if self.sources:
+            return sum(s.bytes for s in self.sources)
         return sum(p.stat().st_size for p in self.tables.values() if p.exists())
 
+    def with_sources(self, sources, *, layout: str, in_place: bool = True, dir: str | Path | None = None) -> Dataset:
+        """The same data set laid out differently: the engines read these sources (in place by default);
+        dir: where this layout's files live (engines keep their own metadata beside them)."""
+        srcs = tuple(sources.values()) if isinstance(sources, dict) else tuple(sources)
+        return replace(self, sources=srcs, layout=layout, in_place=in_place,
+                       table_names=tuple(s.table for s in srcs), dir=Path(dir) if dir is not None else self.dir)
+
     def to_json(self) -> dict:
-        return {"benchmark": self.benchmark, "sf": self.sf, "dir": str(self.dir), "seed": self.seed}
+        d = {"benchmark": self.benchmark, "sf": self.sf, "dir": str(self.dir), "seed": self.seed}
+        if self.layout:
+            d["layout"] = self.layout
+        if self.in_place:
+            d["in_place"] = True
+        return d
 
     @classmethod
     def at(cls, d: str | Path, *, benchmark: str = "tpch", sf: float = 0.0, seed: int | None = None,

@@ -5,6 +5,11 @@ directory and renamed into place, under a lock per set, so a crash never leaves 
 generators of the same set never race (the second waits and reuses). A set whose manifest, file
 sizes or Parquet footers do not check out is rebuilt. The manifest names the format of the set
 (which generator, which rules), the generator versions and every table's rows and bytes.
+
+``ensure_dir`` is the mechanism for any directory built whole (a set here, one table's copy in a
+layout, tilewise.data.layouts): the temporary sibling ``.<name>.tmp-XXXX`` is removed on every
+error or interrupt, and what a killed builder (SIGKILL, power loss) left is swept by the next
+builder under the same lock, so partial output is never read and never accumulates.
 """
 
 from __future__ import annotations
@@ -89,27 +94,53 @@ def table_info(d: Path, tables=TABLES) -> dict:
 def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, log=None, tables=TABLES) -> Path:
     """The set at target, built by build(tmp_dir) -> manifest fields when missing or invalid
     (`tables`: the Parquet files the set holds; the 8 TPC-H tables unless told)."""
-    target = Path(target)
-    if is_valid(target, fmt, tables):
-        return target
+    def make(tmp: Path) -> None:
+        t0 = time.monotonic()
+        extra = build(tmp)
+        man = {"format": fmt, **extra, "tables": table_info(tmp, tables), "generated_s": round(time.monotonic() - t0, 2)}
+        atomic_write_json(tmp / MANIFEST, man)
+
+    return ensure_dir(Path(target), lambda d: is_valid(d, fmt, tables), make, what=what, log=log)
+
+
+def lock_file(target: Path):
+    """An open lock file for target (in its parent directory), or a UsageError naming the directory."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(target.parent / f".{target.name}.lock", "w")
+        return open(target.parent / f".{target.name}.lock", "w")
     except OSError as e:
         raise UsageError(f"cannot use data directory {target.parent}: {e.strerror}", "pass --data-dir DIR") from None
+
+
+def stale_builds(target: Path) -> list[Path]:
+    """Temporary directories a builder of target left behind (it was killed: SIGKILL, power loss).
+    Only meaningful while holding target's lock: every live builder holds it while its directory exists."""
+    return sorted(p for p in target.parent.glob(f".{target.name}.tmp-*") if p.is_dir())
+
+
+def ensure_dir(target: Path, valid: Callable[[Path], bool], build: Callable[[Path], None], *, what: str,
+               log=None) -> Path:
+    """The directory target, built whole or not at all: when valid(target) fails, build(tmp) fills a
+    temporary sibling which is then renamed into place; under a lock per target (a second builder
+    waits and reuses), with what a killed builder left swept first. On any error or interrupt the
+    temporary directory is removed: a reader never sees half a build, and a failed one leaves nothing."""
+    target = Path(target)
+    if valid(target):
+        return target
+    lock = lock_file(target)
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per set at a time; others wait and reuse
-        if is_valid(target, fmt, tables):
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per target at a time; others wait and reuse
+        if valid(target):
             return target
+        for old in stale_builds(target):  # a crashed builder's partial output: never read, removed
+            if log:
+                log(f"removing {old.name}, left by a build that did not finish")
+            shutil.rmtree(old, ignore_errors=True)
         if log:
             log(f"generating {what} into {target}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            t0 = time.monotonic()
-            extra = build(tmp)
-            man = {"format": fmt, **extra, "tables": table_info(tmp, tables),
-                   "generated_s": round(time.monotonic() - t0, 2)}
-            atomic_write_json(tmp / MANIFEST, man)
+            build(tmp)
             replace_dir(tmp, target)
         finally:
             if tmp.exists():

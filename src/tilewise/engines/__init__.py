@@ -19,8 +19,8 @@ REGISTRY: Registry[EngineSpec] = Registry("engine", "tilewise.engines", {
     "duckdb": "tilewise.engines.duckdb",
     "spark": "tilewise.engines.spark",
     "trino": "tilewise.engines.trino",
-    "clickhouse": "tilewise.engines.clickhouse",
     "postgres": "tilewise.engines.postgres",
+    "clickhouse": "tilewise.engines.clickhouse",
 })
 # the engine a command uses when none is named: benchmarks run embedded DuckDB; `up` starts the
 # distributed engine users most often connect their own jobs to

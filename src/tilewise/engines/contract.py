@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from tilewise.engines.memory import MemoryKnob
-from tilewise.errors import TilewiseError
+from tilewise.engines.splits import SplitRule
+from tilewise.errors import TilewiseError, UsageError
 
 if TYPE_CHECKING:  # only for annotations: the contract imports no engine and no data module
     from tilewise.data import Dataset
@@ -43,6 +44,11 @@ class Capabilities:
     join: bool = False  # workers can join a coordinator on another host (`tilewise join`)
     memory: MemoryKnob | None = None  # what --worker-memory sets, its minimum and default
     coordinator_memory: MemoryKnob | None = None  # what --coordinator-memory sets (a coordinator with its own heap)
+    # the file formats it reads in place, per query (tilewise.data.sources.FORMATS): a data set with a
+    # layout or raw tables (Dataset.in_place) is served from its files; () = it loads Parquet only
+    reads: tuple[str, ...] = ()
+    # a running deployment can switch a table to another copy of it (Runtime.switch_table): cracking
+    switch: bool = False
     # an allocator the engine links in itself (ClickHouse: jemalloc); None: it uses the C library's
     # malloc, which a preloaded allocator (LD_PRELOAD) replaces. An engine with its own allocator
     # aborts when another one is preloaded (memory one allocates, the other frees), so `tune
@@ -81,6 +87,9 @@ class EngineSpec:
     # rewrite a benchmark query's text into the engine's dialect (None: it runs the text as written)
     dialect: Callable[[str, Query], str] | None = None
     endpoint_label: str = "at"  # how `status` names its endpoint: "master", "coordinator", "sockets in"
+    # how it splits a scan of Parquet files over its tiles (engines.splits; None: a query runs on one
+    # instance, or the engine does not say): `bench --layout` predicts each tile's files and row groups
+    scan_split: SplitRule | None = None
 
     def runtime_class(self) -> type[Runtime]:
         module, _, attr = self.runtime.partition(":")
@@ -94,6 +103,18 @@ class EngineSpec:
     def sql(self, text: str, query: Query) -> str:
         """The text this engine runs for a benchmark query (its dialect hook applied, if any)."""
         return self.dialect(text, query) if self.dialect is not None else text
+
+    def check_reads(self, dataset: Dataset | None) -> None:
+        """A UsageError when the data set has a layout or raw tables (they are read in place) in a
+        format this engine cannot read."""
+        if dataset is None or not (dataset.in_place or dataset.sources):
+            return
+        fmts = sorted({s.format for s in dataset.table_sources().values()})
+        bad = [f for f in fmts if f not in self.capabilities.reads]
+        if bad:
+            can = ", ".join(self.capabilities.reads) or "nothing in place (it loads Parquet files)"
+            raise UsageError(f"{self.title} cannot read {', '.join(bad)} tables in place ({dataset.label})",
+                             f"it reads {can}; pick another --engine or a Parquet layout")
 
 
 class Progress:
@@ -238,6 +259,23 @@ class Runtime(abc.ABC):
         """The engine's settings of one instance as results record them: threads, memory_mb, load_s;
         where the engine knows them, its process's CPU seconds so far (cpu_s) and ctx_involuntary."""
         return {}
+
+    def switch_table(self, table: str, source: dict) -> None:
+        """Serve `table` from another copy of it (a TableSource's JSON) from now on, on every instance:
+        queries that started keep the copy they bound, later ones read the new one. Only engines
+        whose spec says capabilities.switch (cracking switches each table once its copy is checked)."""
+        raise TilewiseError(f"the {self.spec.name} engine cannot switch a table to another copy while running")
+
+    def scan_stats(self) -> dict[int, dict] | None:
+        """Per plan instance, cumulative counters of what its workers scanned (tasks or splits, input
+        bytes, rows), where the engine reports them: the harness takes differences per query to show
+        how a scan split over the tiles. None: the engine does not say (replica engines: a query runs
+        on one instance)."""
+        return None
+
+    def processes(self) -> list[int]:
+        """The pids whose I/O and CPU time are this deployment's work (workers, executors, servers)."""
+        return []
 
     def close(self) -> None:
         """Release what this process holds (connections, a query driver); the deployment keeps running."""

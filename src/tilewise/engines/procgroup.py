@@ -34,6 +34,7 @@ from typing import ClassVar
 
 from tilewise import changes, cpulist, launch, procs, verification
 from tilewise.binding import Binding, ensure_runnable
+from tilewise.data.sources import TableSource
 from tilewise.engines.contract import InstanceStatus, Runtime, instance_statuses
 from tilewise.engines.memory import (  # noqa: F401 - re-exported: the engines' sizing helpers
     MEMORY_CAP_MB, MEMORY_FRACTION, MEMORY_MIN_MB, live_node_memory, parse_size_mb, worker_memory_mb)
@@ -190,10 +191,22 @@ def tagged_processes(token: str, var: str = TOKEN_VAR) -> list:
 
 
 def data_doc(dataset) -> dict:
-    """What a cluster's state records about the data set it serves."""
+    """What a cluster's state records about the data set it serves: its tables' paths and, for a data
+    set with a layout or raw tables, each table's source (what a later driver reads; cracking
+    rewrites a table's source when it switches it)."""
     if dataset is None:
         return {}
-    return {"label": dataset.label, **dataset.to_json(), "tables": {k: str(v) for k, v in dataset.tables.items()}}
+    doc = {"label": dataset.label, **dataset.to_json(), "tables": {k: str(v) for k, v in dataset.tables.items()}}
+    if dataset.sources or dataset.in_place:
+        doc["sources"] = {t: s.to_json() for t, s in dataset.table_sources().items()}
+    return doc
+
+
+def sources_of(data: dict):
+    """table -> TableSource of a recorded data set (data_doc): its sources, or its Parquet files."""
+    if data.get("sources"):
+        return {t: TableSource.from_json(s, t) for t, s in data["sources"].items()}
+    return {t: TableSource.from_json(p, t) for t, p in (data.get("tables") or {}).items()}
 
 
 class ProcessCluster(Runtime):
@@ -256,7 +269,8 @@ class ProcessCluster(Runtime):
             raise UsageError(f"{self.engine} workers cannot join a cluster on another host",
                              f"start them on each host with `tilewise up --engine {self.engine}`")
         if dataset is not None:
-            missing = [str(p) for p in dataset.tables.values() if not p.exists()]
+            self.spec.check_reads(dataset)
+            missing = [f for s in dataset.table_sources().values() for f in s.files if not os.path.exists(f)]
             if missing:
                 raise TilewiseError(f"{dataset.label} data missing in {dataset.dir}: {', '.join(missing)}")
             self.data = data_doc(dataset)
@@ -382,6 +396,22 @@ class ProcessCluster(Runtime):
         """What results record per instance: the worker's cores (its threads) and memory."""
         m = self.worker(instance)
         return {"threads": m.cores, "memory_mb": m.memory_mb, "pid": m.pid} if m else {}
+
+    def processes(self) -> list[int]:
+        """Every live process of the deployment's members and their descendants (Spark's executors
+        included): whose /proc I/O and CPU counters are the deployment's work."""
+        import psutil
+
+        out = []
+        for m in self.members:
+            if not m.alive()[0]:
+                continue
+            out.append(m.pid)
+            try:
+                out += [c.pid for c in psutil.Process(m.pid).children(recursive=True)]
+            except psutil.Error:
+                pass
+        return sorted(set(out))
 
     def connect_hints(self, state) -> list[str]:
         return []

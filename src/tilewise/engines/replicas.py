@@ -247,8 +247,10 @@ class ReplicaServers(ProcessCluster):
             sockdir.mkdir(parents=True, exist_ok=True)
             os.chmod(sockdir, 0o700)
             tables_file = None
-            if dataset is not None:
-                tables_file = atomic_write_json(self.root / "tables.json", self.data["tables"])
+            if dataset is not None:  # Parquet files to load, or (a layout, raw tables) sources read in place
+                tables = ({"in_place": True, "sources": self.data["sources"]} if self.data.get("sources")
+                          else self.data["tables"])
+                tables_file = atomic_write_json(self.root / "tables.json", tables)
             for inst in plan.instances:
                 path = sockdir / f"instance-{inst.id}.sock"
                 if len(str(path)) > SOCKET_MAX:
@@ -387,8 +389,22 @@ class ReplicaServers(ProcessCluster):
     def info(self, instance: int) -> dict:
         reply = self.client(instance).info()
         keys = ("threads", "memory_mb", "load_s", "pid", "version", "cpu_s", "ctx_involuntary", "rss_mb", "peak_rss_mb",
-                "rss_anon_mb")
+                "rss_anon_mb", "tables")
         return {k: reply[k] for k in keys if k in reply}
+
+    def switch_table(self, table: str, source: dict) -> None:
+        """Every replica serves `table` from the copy `source` from now on (engines whose spec says
+        capabilities.switch): all of them or an error naming the one that refused."""
+        if not self.spec.capabilities.switch:
+            super().switch_table(table, source)
+        doing = f"switching table {table} to {source.get('layout') or source.get('format')}"
+        clients = [self.client(m.instance) for m in self.workers()]
+        waits = [(c, c.submit({"op": "switch", "table": table, "source": source}, doing)) for c in clients]
+        errors = [f"instance {c.instance}: {r.get('error')}" for c, p in waits if not (r := c.wait(p, doing)).get("ok")]
+        if errors:
+            raise TilewiseError(f"{self.title} could not switch table {table}: {errors[0]}")
+        if self.data.get("sources") is not None:
+            self.data["sources"][table] = source
 
     # ---- status -------------------------------------------------------------------------------
     def member_status(self, m: Member) -> dict:
@@ -411,7 +427,10 @@ class ReplicaServers(ProcessCluster):
                  f"query: tilewise query --name {state.name} [--instance I] \"SELECT ...\"",
                  "   or: from tilewise.engines.replicas import Client; "
                  f"Client('{socks[0] if socks else '...'}').connect().query('SELECT 42').rows"]
-        if state.data:
+        if state.data.get("sources"):
+            lines.append(f"{state.data.get('label', 'data')}: the {len(state.data['sources'])} tables are read in "
+                         "place from their files by every instance (views)")
+        elif state.data:
             lines.append(f"{state.data.get('label', 'data')}: the {len(state.data.get('tables', {}))} tables are "
                          "loaded in every instance")
         return lines

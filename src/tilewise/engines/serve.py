@@ -12,8 +12,13 @@ Wire format (both directions, on the socket): a message is an 8-byte header (two
 a pickled dict, then a raw payload, possibly empty) followed by both. Requests carry an "id" that
 the reply repeats: {"op": "query", "sql": ...}, {"op": "execute", "sql": [statements]} (one
 transaction: the TPC-H refresh functions, run like a query by the thread that read it, concurrently
-with queries), {"op": "load", "tables": {name: path}}, {"op": "info"}, {"op": "exit"} (ends this
+with queries), {"op": "load", "tables": {name: path}}, {"op": "switch", "table": name, "source": {...}}
+(serve a table from another copy of its files: cracking), {"op": "info"}, {"op": "exit"} (ends this
 connection). Replies: {"id": .., "ok": True, ...} or {"id": .., "ok": False, "error": "..."}.
+
+Tables are loaded into the engine (``--tables FILE``: name -> Parquet path) or, for a data set read
+in place (a layout, raw CSV/TBL/JSON; the file then holds {"in_place": true, "sources": {name:
+TableSource JSON}}), attached: the engine reads the files per query (Handler.attach; views in DuckDB).
 
 A query's answer is fetched inside the engine's timed region: its first rows as Python tuples and,
 only when there are more, the rest as an Arrow table, sent as the payload in Arrow's IPC stream
@@ -145,6 +150,15 @@ class Handler:
         """Load each table (name -> Parquet path) into the engine's own memory."""
         raise NotImplementedError
 
+    def attach(self, sources: dict[str, dict]) -> None:
+        """Read each table in place (name -> a TableSource's JSON): per query, from its files. Also
+        what switching a table to another copy does (the spec's capabilities.reads/switch say so)."""
+        raise NotImplementedError("this engine does not read tables in place")
+
+    def attached(self) -> dict[str, str]:
+        """name -> the layout of the copy each table is read from now (for `info`)."""
+        return {}
+
     def query(self, sql: str) -> Answer:
         raise NotImplementedError
 
@@ -220,6 +234,11 @@ class Server:
                 with self.shared["serial"]:
                     self.shared["load_s"] = _load(h, msg["tables"])
                 self.reply(msg, {"ok": True, "elapsed_s": self.shared["load_s"]})
+            elif op == "switch":
+                t0 = time.perf_counter()
+                with self.shared["serial"]:
+                    h.attach({msg["table"]: msg["source"]})
+                self.reply(msg, {"ok": True, "elapsed_s": time.perf_counter() - t0})
             elif op == "info":
                 with self.shared["serial"]:
                     info = h.info()
@@ -227,7 +246,7 @@ class Server:
                 self.reply(msg, {"ok": True, "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)),
                                  "load_s": self.shared.get("load_s"), "memory_mb": h.memory_mb,
                                  "cpu_s": ru.ru_utime + ru.ru_stime, "ctx_involuntary": ru.ru_nivcsw,
-                                 **resident_mb(), **info})
+                                 "tables": h.attached(), **resident_mb(), **info})
             else:
                 self.reply(msg, {"ok": False, "error": f"unknown request {op!r}"})
         except Exception as e:  # a failing request is an answer, not a crash
@@ -261,9 +280,13 @@ class _NoLock:
         pass
 
 
-def _load(h: Handler, tables: dict[str, str]) -> float:
+def _load(h: Handler, tables: dict) -> float:
+    """Load (name -> Parquet path) or, for {"in_place": true, "sources": ...}, attach the tables."""
     t0 = time.perf_counter()
-    h.load(tables)
+    if isinstance(tables.get("sources"), dict) and tables.get("in_place"):
+        h.attach(tables["sources"])
+    else:
+        h.load(tables)
     return time.perf_counter() - t0
 
 
@@ -284,7 +307,7 @@ def main(handler_cls: type[Handler], argv: list[str] | None = None) -> int:
         if args.tables:
             tables = json.loads(Path(args.tables).read_text())
             shared["load_s"] = _load(handler, tables)
-            print(f"loaded {len(tables)} tables in {shared['load_s']:.2f} s", flush=True)
+            print(f"loaded {len(tables.get('sources', tables))} tables in {shared['load_s']:.2f} s", flush=True)
     except Refused as e:
         print(f"{REFUSED} {json.dumps({'message': e.message, 'hint': e.hint})}", flush=True)
         return 2

@@ -4,7 +4,7 @@ A results document (JSON) is::
 
     {"format": "tilewise-results", "version": 2, "kind": "tpch" | "elastic" | "elastic.log" |
      "elastic.tick" | "probe.latency" | "probe.bandwidth" | "probe.stream" | "workload" | "tune" |
-     "overhead" | "workload.tensor" | "probe.gpu" | "workload.far_memory",
+     "overhead" | "workload.tensor" | "probe.gpu" | "workload.far_memory" | "layout",
      "meta": {"command", "argv", "cwd", "tilewise_version", "git_commit", "started", "finished"},
      "interrupted": false, "complete": true,
      "environment": {... environment.capture(): machine, kernel, topology (with its document),

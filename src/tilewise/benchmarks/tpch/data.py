@@ -8,11 +8,12 @@ module as the benchmark contract's Data (tilewise.benchmarks.spec).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
 from tilewise.benchmarks.spec import Data, scale_factor
-from tilewise.data import TABLES, TPCH_KEYS, Dataset, store, table_paths  # noqa: F401 - table_paths is part of this module's API
+from tilewise.data import TABLES, TPCH_KEYS, Dataset, raw, store, table_paths  # noqa: F401 - table_paths is part of this module's API
 
 TITLE = "TPC-H"
 
@@ -82,7 +83,40 @@ def dataset(sf: float, data_dir: str | Path | None = None, *, log=None, progress
                    keys=TPCH_KEYS)
 
 
+def raw_dataset(sf: float, fmt: str = "csv", data_dir: str | Path | None = None, *, log=None) -> Dataset:
+    """TPC-H's tables as tpchgen-cli writes them as text (csv: a header and commas, strings quoted
+    where needed; tbl: dbgen's pipes with a trailing one), cached as <data dir>/sf<X>-<fmt> with
+    schema.json: the column types of tpchgen-cli's own Parquet (made at the smallest scale factor
+    for them), so a table read from text has exactly the types it has in Parquet."""
+    sf = check_sf(sf)
+    target = sf_dir(sf, data_dir).with_name(f"{sf_label(sf)}-{fmt}")
+
+    def build(tmp: Path) -> None:
+        cmd = [tpchgen(), fmt, "-s", f"{sf:g}", "--output-dir", str(tmp)]
+        store.run_with_size_progress(cmd, tmp, task=f"tpchgen-cli {fmt}", expected_bytes=None, progress=None,
+                                     what=f"tpchgen-cli {fmt} for SF {sf:g}")
+        types = tmp / ".types"
+        run_tpchgen(MIN_SF, types)
+        srcs = {}
+        for t in TABLES:
+            cols = raw.parquet(t, [types / f"{t}.parquet"]).column_types()
+            srcs[t] = raw.TableSource(t, fmt, (str(tmp / f"{t}.{fmt}"),), cols, "|" if fmt == "tbl" else ",",
+                                      fmt == "csv", fmt == "tbl", layout=fmt)
+        shutil.rmtree(types)
+        raw.finish_set(tmp, fmt, f"tpchgen-cli {fmt} ({tpchgen_version()})", srcs, sf=sf)
+
+    d = raw.ensure_set(target, fmt, build, what=f"TPC-H SF {sf:g} as {fmt} (tpchgen-cli)", log=log)
+    ds = Dataset("tpch", sf, sf_dir(sf, data_dir), title=TITLE)
+    return ds.with_sources(raw.discover(d, tables=TABLES), layout=fmt, dir=d)
+
+
 class _Data(Data):
+    raw_generator = "tpchgen-cli csv|tbl"
+
+    def raw(self, sf: float, fmt: str = "csv", data_dir: str | Path | None = None, *, seed: int | None = None,
+            log=None, progress=None) -> Dataset:
+        return raw_dataset(sf, fmt, data_dir, log=log)
+
     def check_sf(self, sf) -> float:
         return check_sf(sf)
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 import warnings
 
+from tilewise.data import raw
+from tilewise.data.sources import TableSource
 from tilewise.engines import serve
 
 # fetch_answer takes the rest of a large answer from the executed cursor; DuckDB warns that this
@@ -56,13 +58,36 @@ def load_tables(con, tables: dict[str, str]) -> None:
         con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM read_parquet('{quoted}')")
 
 
+def attach_tables(con, sources: dict[str, dict]) -> dict[str, str]:
+    """A view per table over its files, read per query (tilewise.data.raw.scan_sql: strictly, a bad
+    row of a raw file is an error with its line). Replacing a view is one catalog change: a query
+    that already bound the old one finishes on it. Returns name -> the layout read now."""
+    out = {}
+    for name, d in sources.items():
+        src = TableSource.from_json(d, name)
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {raw.scan_sql(src)}')
+        out[name] = src.layout or src.format
+    return out
+
+
 class DuckDB(serve.Handler):
     def __init__(self, threads: int, memory_mb: int | None) -> None:
         super().__init__(threads, memory_mb)
         self.con = connect(threads, memory_mb)
+        self._attached: dict[str, str] = {}
 
     def load(self, tables: dict[str, str]) -> None:
         load_tables(self.con, tables)
+
+    def attach(self, sources: dict[str, dict]) -> None:
+        cur = self.con.cursor()  # its own connection: queries run on theirs meanwhile
+        try:
+            self._attached.update(attach_tables(cur, sources))
+        finally:
+            cur.close()
+
+    def attached(self) -> dict[str, str]:
+        return dict(self._attached)
 
     def query(self, sql: str) -> serve.Answer:
         cur = self.con.cursor()  # a cursor per query, made before the clock starts

@@ -621,7 +621,22 @@ class PostgresServers(ProcessCluster):
         cpu = self.cpu_s(m)
         if cpu is not None:
             out["cpu_s"] = cpu
+        out.update(self.tree_rss(m))
         return out
+
+    def tree_rss(self, m: Member) -> dict:
+        """The server's resident memory now, summed over its processes (/proc/PID/status): rss_mb
+        (VmRSS: shared buffers counted in every process that touched them) and rss_anon_mb (RssAnon:
+        each process's private memory; the shared buffers are RssShmem)."""
+        rss = anon = 0
+        for st in self.tree(m):
+            try:
+                fields = procs.status(st.pid)
+            except OSError:
+                continue
+            rss += int(fields.get("VmRSS", "0 kB").split()[0])
+            anon += int(fields.get("RssAnon", "0 kB").split()[0])
+        return {"rss_mb": round(rss / 1024, 1), "rss_anon_mb": round(anon / 1024, 1)} if rss else {}
 
     def cpu_s(self, m: Member) -> float | None:
         """CPU seconds of the server's whole process tree so far (its exited backends included: the
@@ -639,22 +654,6 @@ class PostgresServers(ProcessCluster):
             return round(total, 3)
         except psutil.Error:
             return None
-
-    def rss_mb(self) -> dict[str, dict[str, float]]:
-        """Per instance: resident memory of its whole server (RSS summed over the processes, and PSS,
-        which counts the shared buffers once)."""
-        import psutil
-
-        out = {}
-        for m in self.workers():
-            rss = pss = 0
-            for st in self.tree(m):
-                with contextlib.suppress(psutil.Error):
-                    mi = psutil.Process(st.pid).memory_full_info()
-                    rss += mi.rss
-                    pss += getattr(mi, "pss", 0)
-            out[f"instance-{m.instance}"] = {"rss_mb": round(rss / 2**20, 1), "pss_mb": round(pss / 2**20, 1)}
-        return out
 
     def connect_hints(self, state) -> list[str]:
         ws = self.workers()

@@ -6,7 +6,10 @@ The runtime (cluster.SparkCluster) serves `bench tpch` (a driver for the whole r
 starts a driver for its query and stops it after). Workers on other hosts join with `tilewise
 join`. Spark does not write tilewise's tables: no refresh functions. Its memory knob is the worker
 JVM's memory (--worker-memory; default half of its node's memory, at most 31 GiB). Where Spark's
-SQL differs from a benchmark's text, dialect.py rewrites it (documented per query).
+SQL differs from a benchmark's text, dialect.py rewrites it (documented per query). It reads a layout
+or raw tables in place (Parquet files, CSV, TBL, JSON as temporary views; a view is registered again
+when cracking switches its table), and reports per executor, so per tile, the tasks it ran and the
+bytes they read (scan_stats).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from importlib.metadata import version as dist_version
 
 from tilewise.engines.contract import Capabilities, EngineSpec
+from tilewise.engines import splits
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.spark.dialect import dialect
 from tilewise.engines.spark.home import spark_home
@@ -37,9 +41,11 @@ SPEC = EngineSpec(
     title="Spark",
     summary="a Spark standalone master + one bound worker per instance (they cooperate on every query)",
     runtime="tilewise.engines.spark.cluster:SparkCluster",
-    capabilities=Capabilities(replicas=False, refresh=False, join=True, memory=MemoryKnob("worker JVM memory")),
+    capabilities=Capabilities(replicas=False, refresh=False, join=True, memory=MemoryKnob("worker JVM memory"),
+                              reads=("parquet", "csv", "tbl", "json"), switch=True),
     missing=missing,
     version=version,
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)
     endpoint_label="master",
+    scan_split=splits.SPARK,
 )

@@ -33,9 +33,10 @@ from pathlib import Path
 
 from tilewise import nic, procs, verification
 from tilewise.binding import Binding
+from tilewise.data.sources import TableSource, arrow_type
 from tilewise.engines import sqltypes
 from tilewise.engines.contract import QueryResult
-from tilewise.engines.procgroup import START_TIMEOUT_S, Member, ProcessCluster, free_port, log_tail
+from tilewise.engines.procgroup import START_TIMEOUT_S, Member, ProcessCluster, free_port, log_tail, sources_of
 from tilewise.engines.spark import SPEC
 from tilewise.engines.spark.home import SparkError, spark_home
 from tilewise.errors import TilewiseError, UsageError
@@ -86,6 +87,24 @@ def spark_schema(path: str) -> str | None:
     if any(t is None for _, t in cols):
         return None
     return ", ".join(f"`{c}` {t}" for c, t in cols)
+
+
+def table_config(src: TableSource) -> dict:
+    """What the driver registers for a table source: its files, format and (text) columns as DDL."""
+    if src.format == "parquet":
+        return {"format": "parquet", "files": list(src.files), "schema": spark_schema(src.files[0])}
+    ddl = ", ".join(f"`{c}` {sqltypes.sql_type(arrow_type(t), TYPES)}" for c, t in src.column_types())
+    return {"format": src.format, "files": list(src.files), "schema": ddl, "delimiter": src.delimiter,
+            "header": src.header, "trailing": src.trailing}
+
+
+def _listening(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        return []
 
 
 def executors_of(pid: int) -> list[int]:
@@ -198,6 +217,8 @@ class SparkCluster(ProcessCluster):
             raise
 
     def _tables(self, dataset) -> dict:
+        if dataset.sources or dataset.in_place:
+            return {t: table_config(s) for t, s in dataset.table_sources().items()}
         return {t: {"path": p, "schema": spark_schema(p)} for t, p in find_tables(dataset).items()}
 
     def start_master(self, timeout: float = START_TIMEOUT_S, *, wait: bool = True,
@@ -323,8 +344,56 @@ class SparkCluster(ProcessCluster):
         return QueryResult(list(cols), list(rows), float(elapsed), -1)
 
     def _data_tables(self) -> dict:
-        """The recorded data set's tables (tilewise up --sf) for a query driver."""
+        """The recorded data set's tables (tilewise up --sf) for a query driver: each table's current
+        source (a switched table's new copy) where they are recorded."""
+        if self.data.get("sources"):
+            return {t: table_config(s) for t, s in sources_of(self.data).items()}
         return {t: {"path": p, "schema": spark_schema(p)} for t, p in (self.data.get("tables") or {}).items()}
+
+    def _ask_driver(self, msg: tuple, what: str, timeout_s: float | None = 300.0):
+        with self._query_lock:
+            conn = self._conn
+            if conn is None:
+                return None
+            try:
+                conn.send(msg)
+            except OSError as e:
+                raise TilewiseError(f"the Spark driver is gone ({e})") from None
+            reply = self._wait_reply(timeout_s, what, conn)
+        if reply[0] == "error":
+            raise TilewiseError(f"spark could not {what}: {reply[1]}")
+        return reply
+
+    def switch_table(self, table: str, source: dict) -> None:
+        """Register the table again over its new copy in this process's driver; later drivers (a
+        detached cluster's `tilewise query`) read the recorded source."""
+        if self.data.get("sources") is not None:
+            self.data["sources"][table] = source
+        self._ask_driver(("view", table, table_config(TableSource.from_json(source, table))), f"switch table {table}")
+
+    def scan_stats(self) -> dict[int, dict] | None:
+        """Per instance: the tasks its executor ran and the input bytes they read, cumulative (the
+        driver's status store; executors matched to workers by the port they listen on)."""
+        reply = self._ask_driver(("stats",), "report its executors", 60.0)
+        if reply is None:
+            return None
+        by_port = {}
+        for m in self.workers():
+            for epid in executors_of(m.pid):
+                for port in _listening(epid):
+                    by_port[port] = m.instance
+        out: dict[int, dict] = {}
+        for e in reply[1]:
+            try:
+                inst = by_port.get(int(str(e["host_port"]).rsplit(":", 1)[1]))
+            except (ValueError, IndexError):
+                inst = None
+            if inst is None:
+                continue
+            d = out.setdefault(inst, {"tasks": 0, "input_bytes": 0})
+            d["tasks"] += e["tasks"]
+            d["input_bytes"] += e["input_bytes"]
+        return out
 
     def close(self) -> None:
         """Stop this process's driver (the cluster keeps running)."""
@@ -399,7 +468,10 @@ class SparkCluster(ProcessCluster):
             f"workers on other hosts: tilewise join --engine spark --coordinator <this host>:{port} --policy P "
             "(start this master with --host <routable address> for that)",
         ]
-        if state.data:
+        if state.data.get("sources"):
+            lines.append(f"{state.data.get('label', 'data')}: read in place from their files (the state file records "
+                         "each table's current copy); tilewise query sees them as tables")
+        elif state.data:
             lines.append(f"{state.data.get('label', 'data')}: spark.read.parquet('{state.data['dir']}/lineitem.parquet') "
                          "(and the 7 others); tilewise query sees them as tables")
         return lines

@@ -8,6 +8,8 @@ included), even when the driver hangs in a query whose worker died.
 
 Protocol (tuples): -> ("init", cfg) <- ("ready", info) | ("error", msg)
                    -> ("sql", text)  <- ("ok", columns, rows, elapsed_s) | ("error", msg)
+                   -> ("view", name, table) <- ("ok",) | ("error", msg)   (register a table again)
+                   -> ("stats",)     <- ("ok", [per executor: id, host_port, tasks, input_bytes])
                    -> ("stop",)      (or EOF) : stop the session and exit.
 """
 
@@ -51,8 +53,7 @@ def main(fd: int) -> int:
             time.sleep(0.1)
         _log(f"{want} executor(s) registered after {time.monotonic() - t_start:.1f} s")
         for name, t in cfg.get("tables", {}).items():
-            reader = spark.read.schema(t["schema"]) if t.get("schema") else spark.read
-            reader.parquet(t["path"]).createOrReplaceTempView(name)
+            register(spark, name, t)
         _log(f"tables registered after {time.monotonic() - t_start:.1f} s")
         conn.send(("ready", {"executors": _executors(spark.sparkContext), "spark_version": spark.version}))
         while True:
@@ -62,6 +63,19 @@ def main(fd: int) -> int:
                 break
             if msg[0] == "stop":
                 break
+            if msg[0] == "view":  # a table switched to another copy (cracking)
+                try:
+                    register(spark, msg[1], msg[2])
+                    conn.send(("ok",))
+                except Exception as e:
+                    conn.send(("error", _one_line(e)))
+                continue
+            if msg[0] == "stats":
+                try:
+                    conn.send(("ok", executor_stats(spark)))
+                except Exception as e:
+                    conn.send(("error", _one_line(e)))
+                continue
             if msg[0] == "sql":
                 try:
                     t0 = time.perf_counter()
@@ -85,6 +99,46 @@ def main(fd: int) -> int:
                 spark.stop()
             except Exception:
                 pass
+
+
+TRAILING = "__tilewise_end"
+
+
+def register(spark, name: str, t: dict) -> None:
+    """A temporary view over a table's files: {"path"} or {"files"} of Parquet, or raw text with its
+    schema (DDL), read strictly (FAILFAST: a malformed row fails the query instead of turning NULL)."""
+    fmt = t.get("format", "parquet")
+    paths = list(t.get("files") or [t["path"]])
+    if fmt == "parquet":
+        reader = spark.read.schema(t["schema"]) if t.get("schema") else spark.read
+        df = reader.parquet(*paths)
+    elif fmt in ("csv", "tbl"):
+        ddl = t["schema"] + (f", `{TRAILING}` STRING" if t.get("trailing") else "")
+        df = (spark.read.schema(ddl).option("sep", t.get("delimiter", ",")).option("header", bool(t.get("header")))
+              .option("mode", "FAILFAST").option("quote", '"').option("escape", '"').option("nullValue", "")
+              .csv(paths))
+        if t.get("trailing"):
+            df = df.drop(TRAILING)
+    elif fmt == "json":
+        df = spark.read.schema(t["schema"]).option("mode", "FAILFAST").json(paths)
+    else:
+        raise ValueError(f"table {name}: Spark cannot read format {fmt!r}")
+    df.createOrReplaceTempView(name)
+
+
+def executor_stats(spark) -> list[dict]:
+    """Per executor (the driver excluded), cumulative: tasks, input bytes and records (the status
+    store Spark's UI reads; it is kept with the UI off too)."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    execs = store.executorList(True)
+    out = []
+    for i in range(execs.size()):
+        e = execs.apply(i)
+        if e.id() == "driver":
+            continue
+        out.append({"id": e.id(), "host_port": e.hostPort(), "tasks": int(e.totalTasks()),
+                    "input_bytes": int(e.totalInputBytes())})
+    return out
 
 
 def _log(msg: str) -> None:

@@ -11,6 +11,7 @@ differs from a benchmark's text, dialect.py rewrites it (documented per query).
 
 from __future__ import annotations
 
+from tilewise.engines import splits
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.trino import install
@@ -54,7 +55,8 @@ SPEC = EngineSpec(
     capabilities=Capabilities(replicas=False, refresh=False, join=True,
                               memory=MemoryKnob("worker JVM heap", default_min_mb=COORDINATOR_MIN_MB),
                               coordinator_memory=MemoryKnob("coordinator JVM heap", default_text="half the smallest "
-                                                            "worker's heap, 768 MiB to 4 GiB")),
+                                                            "worker's heap, 768 MiB to 4 GiB"),
+                              reads=("parquet",)),  # CSV/TBL/JSON through the Hive connector: not yet
     missing=missing,
     version=version,
     install=install_step,
@@ -63,4 +65,5 @@ SPEC = EngineSpec(
                   "470, 476; about 820 MB"),
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)
     endpoint_label="coordinator",
+    scan_split=splits.TRINO,
 )

@@ -380,6 +380,16 @@ class TrinoCluster(ProcessCluster):
                                         timeout_s=timeout_s)
         return QueryResult(cols, rows, elapsed, -1)
 
+    def scan_stats(self) -> dict[int, dict] | None:
+        """Per instance, cumulative: the splits its worker's tasks ran and the raw input bytes they
+        read (system.runtime.tasks; "tasks" counts splits here), by the worker's node id."""
+        if self._stopped or not self.endpoint or self.joined:
+            return None
+        _, rows, _ = self._sql("SELECT node_id, sum(splits), sum(raw_input_bytes) FROM system.runtime.tasks "
+                               "GROUP BY node_id")
+        by_node = {m.extra.get("node_id"): m.instance for m in self.workers()}
+        return {by_node[n]: {"tasks": int(sp or 0), "input_bytes": int(b or 0)} for n, sp, b in rows if n in by_node}
+
     def info(self, instance: int) -> dict:
         m = self.worker(instance)
         if m is None:

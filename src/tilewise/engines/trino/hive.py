@@ -8,7 +8,7 @@ The Hive connector runs with a file metastore on Trino's native local file syste
     <Dataset.dir>/trino/ready.json                         what was prepared, for which files
 
 Why hard links: an external table location must be a directory, and tpchgen-cli writes one file
-per table. Trino's local file system lists a symbolic link with the link's own size, so a symlinked
+per table (a layout's table, tilewise.data.layouts, is K files: each is linked, numbered). Trino's local file system lists a symbolic link with the link's own size, so a symlinked
 file reads as a malformed Parquet file; a hard link is the file itself (same inode: no data copy)
 and lives on the same file system by construction. Living inside the data set's directory, all of
 it is replaced when the data set is regenerated, so statistics never outlive their data.
@@ -96,12 +96,22 @@ def catalog_properties(metastore_dir: Path) -> dict[str, str]:
     }
 
 
-def files_identity(ds: Dataset) -> dict[str, list[int]]:
+def files_identity(ds: Dataset) -> dict[str, list]:
     out = {}
-    for t, p in ds.tables.items():
-        st = os.stat(p)
-        out[t] = [st.st_ino, st.st_size, st.st_mtime_ns]
+    for t, src in ds.table_sources().items():
+        ids = []
+        for f in src.files:
+            st = os.stat(f)
+            ids.append([st.st_ino, st.st_size, st.st_mtime_ns])
+        out[t] = ids[0] if len(ids) == 1 else ids
     return out
+
+
+def link_name(i: int, path: str, n: int) -> str:
+    """A table's i-th file's name in its table folder: itself for a one-file table, else numbered
+    (a layout's files are part-00000.parquet ..., but two folders could hold the same names)."""
+    name = os.path.basename(path)
+    return name if n == 1 else f"{i:05d}-{name}"
 
 
 class Warehouse:
@@ -153,27 +163,29 @@ class Warehouse:
             yield
 
     def link_tables(self) -> dict[str, Path]:
-        """<tables>/<t>/<t>.parquet hard-linked to the data set's files (same inode, no copy)."""
+        """<tables>/<t>/ holding hard links to the table's files (same inodes, no copy): <t>.parquet
+        for the generator's one file per table, the numbered files of a layout's table."""
         out = {}
-        for t, src in self.dataset.tables.items():
+        for t, source in self.dataset.table_sources().items():
             d = self.tables_dir / t
             d.mkdir(parents=True, exist_ok=True)
-            for stale in d.iterdir():  # only our one link may be there
-                if stale.name != src.name:
+            want = {link_name(i, f, len(source.files)): Path(f) for i, f in enumerate(source.files)}
+            for stale in d.iterdir():  # only our links may be there
+                if stale.name not in want:
                     stale.unlink()
-            dst = d / src.name
-            if dst.exists() and os.path.samefile(dst, src):
-                out[t] = d
-                continue
-            tmp = d / f".{src.name}.tmp"
-            tmp.unlink(missing_ok=True)
-            try:
-                os.link(src, tmp)
-            except OSError as e:
-                raise TilewiseError(f"cannot hard-link {src} into {d}: {e.strerror}",
-                                    "Trino reads the data set through hard links in <data dir>/trino; keep the "
-                                    "data on a writable file system (or pass --data-dir)") from None
-            os.replace(tmp, dst)
+            for name, src in want.items():
+                dst = d / name
+                if dst.exists() and os.path.samefile(dst, src):
+                    continue
+                tmp = d / f".{name}.tmp"
+                tmp.unlink(missing_ok=True)
+                try:
+                    os.link(src, tmp)
+                except OSError as e:
+                    raise TilewiseError(f"cannot hard-link {src} into {d}: {e.strerror}",
+                                        "Trino reads the data set through hard links in <data dir>/trino; keep the "
+                                        "data on a writable file system (or pass --data-dir)") from None
+                os.replace(tmp, dst)
             out[t] = d
         return out
 
@@ -191,8 +203,9 @@ class Warehouse:
             shutil.rmtree(self.metastore / self.schema, ignore_errors=True)
             (self.metastore / f".{self.schema}.trinoSchema").unlink(missing_ok=True)
             run_sql(f"CREATE SCHEMA {CATALOG}.{quote_ident(self.schema)}")
+            srcs = self.dataset.table_sources()
             for t, d in dirs.items():
-                run_sql(table_ddl(self.schema, t, parquet_columns(self.dataset.tables[t]), d))
+                run_sql(table_ddl(self.schema, t, parquet_columns(Path(srcs[t].files[0])), d))
             for t in dirs:
                 run_sql(f"ANALYZE {CATALOG}.{quote_ident(self.schema)}.{quote_ident(t)}")
             atomic_write_json(self.ready_path, {"format": READY_FORMAT, "schema": self.schema, "trino": trino_version,

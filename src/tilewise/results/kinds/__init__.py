@@ -67,6 +67,7 @@ REGISTRY = Registry("results kind", "tilewise.results", {
     "workload.tensor": f"{_K}.tensor",
     "probe.gpu": f"{_K}.gpu",
     "workload.far_memory": f"{_K}.far_memory",
+    "layout": f"{_K}.layout",
 }, attr="KIND")
 
 

@@ -382,7 +382,38 @@ def render(doc: TpchDoc, out) -> None:
     if any(r.outliers for n in measured for r in pols[n].queries.values()):
         marks.append("! = a run is an outlier (modified z-score > 3.5; see results.json)")
     T.far_memory(doc.get("far_memory") or {}, out)
+    render_layout(doc, out)
     T.footer(doc, out, notes=marks + doc.notes)
+
+
+def render_layout(doc: TpchDoc, out) -> None:
+    """`bench --layout`: the layout the engine read, and per tile how each table's scan split
+    (predicted from the engine's split rule) beside what each tile read per query (measured)."""
+    lay = doc.get("layout")
+    if not lay:
+        return
+    tabs = lay.get("tables") or {}
+    big = max(tabs, key=lambda t: tabs[t].get("bytes") or 0) if tabs else None
+    shown = f"; largest table {big}: {tabs[big]['files']} file(s), {tabs[big].get('row_groups') or '-'} row group(s), " \
+            f"{(tabs[big].get('bytes') or 0) / 1e6:.2f} MB" if big else ""
+    out.print(f"layout {lay.get('name')} read in place from {lay.get('dir')}{shown}", markup=False, highlight=False)
+    for n, rec in doc.policies.items():
+        tiles = rec.get("tiles")
+        if not tiles:
+            continue
+        pred = (tiles.get("predicted") or {}).get(big) or []
+        t = T.table(f"{n}: {big} per tile, predicted by the engine's split rule (tasks, files, row groups, MB) and "
+                    f"measured per query in the {tiles.get('measured_in')} run (tasks, MB read)",
+                    ("tile", "predicted", *tiles.get("queries", {})), left=["tile"])
+        ids = sorted({p["tile"] for p in pred} | {x["tile"] for q in tiles.get("queries", {}).values() for x in q})
+        for i in ids:
+            p = next((x for x in pred if x["tile"] == i), None)
+            cells = [f"{p['tasks']} / {p['files']} / {p['row_groups']} / {p['bytes'] / 1e6:.2f}" if p else "-"]
+            for q in tiles.get("queries", {}).values():
+                m = next((x for x in q if x["tile"] == i), None)
+                cells.append(f"{m['tasks']} / {m['input_bytes'] / 1e6:.2f}" if m else "-")
+            t.add_row(str(i), *cells)
+        out.print(t)
 
 
 def _metric_cell(s: dict | None) -> str:

@@ -1,0 +1,96 @@
+"""How a cooperating engine splits a scan of Parquet files over its tiles (pure): the prediction
+`bench --layout` and `data layout` show beside the measured per-tile figures.
+
+An engine cuts each file into byte-range splits, reads in each split the row groups that belong
+to it (Spark: those whose midpoint falls in the range; Trino: those that start in it), and hands
+the splits (Spark: packed into partitions) to its workers as they ask for work. With tiles of
+equal speed that is close to round-robin, which is what is predicted here; what really happened is
+measured per tile (Runtime.scan_stats). The engines' own rules, with their defaults:
+
+- Spark (FilePartition): maxSplitBytes = min(spark.sql.files.maxPartitionBytes 128 MB,
+  max(spark.sql.files.openCostInBytes 4 MB, total bytes (each file + the open cost) / cores));
+  splits sorted by size, packed into partitions up to maxSplitBytes (each split also counts the
+  open cost); a row group belongs to the split holding its midpoint.
+- Trino (Hive connector): the first 200 splits of a query are at most 32 MB
+  (hive.max-initial-split-size), the others 64 MB (hive.max-split-size); no packing; a row group
+  belongs to the split its first byte is in.
+
+So a layout's file count and row-group size decide how evenly the tiles share a table's scan: one
+file of one row group is one task, on one tile, whatever the deployment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    max_split_bytes: int
+    open_cost_bytes: int = 0
+    per_core: bool = False  # Spark: the split size shrinks so that every core gets a split
+    pack: bool = False  # Spark: small splits are packed together into one task
+    row_group_at: str = "midpoint"  # or "start"
+    initial_splits: int = 0  # Trino: the first N splits are smaller
+    initial_split_bytes: int = 0
+
+
+SPARK = SplitRule(128 * MB, 4 * MB, per_core=True, pack=True, row_group_at="midpoint")
+TRINO = SplitRule(64 * MB, 0, row_group_at="start", initial_splits=200, initial_split_bytes=32 * MB)
+
+
+def _splits(files: list[dict], rule: SplitRule, cores: int) -> list[list[tuple[int, int, int]]]:
+    """Tasks, each a list of (file index, start, length)."""
+    if rule.per_core:
+        total = sum(f["bytes"] + rule.open_cost_bytes for f in files)
+        size = min(rule.max_split_bytes, max(rule.open_cost_bytes, total // max(1, cores) or 1))
+    else:
+        size = rule.max_split_bytes
+    pieces: list[tuple[int, int, int]] = []
+    made = 0
+    for i, f in enumerate(files):
+        start = 0
+        while start < f["bytes"] or (start == 0 and f["bytes"] == 0):
+            step = rule.initial_split_bytes if made < rule.initial_splits and rule.initial_split_bytes else size
+            length = min(step, f["bytes"] - start) if f["bytes"] else 0
+            pieces.append((i, start, length))
+            made += 1
+            start += max(length, 1)
+            if f["bytes"] == 0:
+                break
+    if not rule.pack:
+        return [[p] for p in pieces]
+    tasks, cur, cur_size = [], [], 0
+    for p in sorted(pieces, key=lambda p: -p[2]):
+        if cur and cur_size + p[2] > size:
+            tasks.append(cur)
+            cur, cur_size = [], 0
+        cur.append(p)
+        cur_size += p[2] + rule.open_cost_bytes
+    if cur:
+        tasks.append(cur)
+    return tasks
+
+
+def per_tile(files: list[dict], tiles: int, cores: int, rule: SplitRule) -> list[dict]:
+    """Per tile, the files, row groups, rows and bytes its tasks read and the task count, with the
+    tasks dealt round-robin. files: [{"bytes", "row_groups": [{"offset", "compressed", "rows"}]}]."""
+    tasks = _splits(files, rule, cores)
+    out = [{"tile": t, "tasks": 0, "files": 0, "row_groups": 0, "rows": 0, "bytes": 0} for t in range(max(1, tiles))]
+    seen: list[set] = [set() for _ in out]
+    for k, task in enumerate(tasks):
+        t = k % len(out)
+        out[t]["tasks"] += 1
+        for i, start, length in task:
+            for g in files[i]["row_groups"]:
+                at = g["offset"] + (g["compressed"] // 2 if rule.row_group_at == "midpoint" else 0)
+                if start <= at < start + max(length, 1):
+                    out[t]["row_groups"] += 1
+                    out[t]["rows"] += g["rows"]
+                    out[t]["bytes"] += g["compressed"]
+                    seen[t].add(i)
+    for t, s in enumerate(seen):
+        out[t]["files"] = len(s)
+    return out
