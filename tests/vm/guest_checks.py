@@ -698,10 +698,104 @@ def check_pytest() -> dict:
     return {"rc": cp.returncode, "tail": (cp.stdout + cp.stderr)[-6000:], "seconds": round(time.monotonic() - t0, 1)}
 
 
+def check_postgres_elastic() -> dict:
+    """elastic --mode adaptive on a PostgreSQL server that may run on every CPU but whose memory is
+    bound to the last node with CPUs (shared buffers, backends): the cores it grants are on that
+    node (adaptive's pages per node are summed over the postmaster's tree, shared memory once), the
+    backends born during the run are in the tree, and everything is restored. On a cgroup2-only
+    guest the cpuset is v2 (--enforce cgroup), elsewhere sched_setaffinity. The server is the
+    engine's own runtime on TPC-H SF 0.01, whose load the host cached (test_vm_guests.warm_postgres_load:
+    the server copies it); its load is CPU in three backends, started once the daemon runs (a
+    five-way join of a small table, 10 s each)."""
+    import threading
+
+    from tilewise import engines, plan, topology
+    from tilewise.benchmarks.tpch import data as tpch_data
+    from tilewise.elastic import session
+    from tilewise.elastic.metrics import ProcFS
+
+    why = engines.missing("postgres")
+    if why:
+        return {"skipped": why}
+    far = _cpu_nodes()[-1]
+    v2_only = "cgroup2 /sys/fs/cgroup" in check_sysfs()["cgroup_mounts"]
+    enforce = "cgroup" if v2_only else "affinity"
+    res: dict = {"mem_node": far, "enforce": enforce, "tilewise": tilewise_file()}
+    t = topology.load(None)
+    rt = engines.get("postgres").runtime_class()()
+    t0 = time.monotonic()
+    try:
+        p = plan.plan(t, "wim", mem="membind", mem_nodes=(far,))
+        rt.start(p, dataset=tpch_data.dataset(0.01), memory_mb={i.id: 256 for i in p.instances})
+        res["load_info"] = rt.info(0)
+        res["start_s"] = round(time.monotonic() - t0, 1)
+        pid = rt.status()[0].pid
+        res["before"] = sorted(os.sched_getaffinity(pid))
+        outcomes: list[str] = []
+
+        def load() -> None:  # CPU in a backend (a join of five small tables, nothing materialised) for 10 s
+            t1 = time.monotonic()
+            try:
+                rt.run_query("SELECT count(*) FROM nation a, nation b, nation c, nation d, nation e "
+                             "WHERE a.n_nationkey + b.n_nationkey + c.n_nationkey + d.n_nationkey >= e.n_regionkey",
+                             timeout_s=10)
+                outcomes.append(f"finished in {time.monotonic() - t1:.1f} s")
+            except Exception as e:  # noqa: BLE001 - the timeout is expected
+                outcomes.append(f"{time.monotonic() - t1:.1f} s: {e}")
+
+        clients = [threading.Thread(target=load) for _ in range(3)]
+
+        class Start(session.Reporter):  # the load step comes once the daemon runs (its start takes seconds here)
+            def record(self, rec: dict) -> None:
+                if rec.get("event") == "start":
+                    res["processes_at_start"] = 1 + len(_descendants(pid))
+                    for c in clients:
+                        c.start()
+
+        log = WORK / "postgres-elastic.jsonl"
+        try:
+            cfg = session.Config(pid=pid, mode="adaptive", interval=0.3, duration=8, pages_interval=0.3,
+                                 enforce=enforce, log=str(log))
+            res["summary"] = session.run(cfg, Start())
+        except Exception as e:  # noqa: BLE001 - the facts say what failed
+            res["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            for c in clients:
+                if c.ident is not None:  # started
+                    c.join()
+        res["load"] = outcomes
+        res["log"] = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+        tree = [pid, *_descendants(pid)]
+        res["tree_pages"] = {str(k): v for k, v in ProcFS().tree_pages(tree).items()}
+        res["after"] = sorted(os.sched_getaffinity(pid))
+        res["after_tree"] = {p: sorted(os.sched_getaffinity(p)) for p in tree if Path(f"/proc/{p}").exists()}
+        res["cgroup_after"] = _read(Path(f"/proc/{pid}/cgroup"))
+    finally:
+        rt.stop()
+    res["seconds"] = round(time.monotonic() - t0, 1)
+    return res
+
+
+def tilewise_file() -> str:
+    import tilewise
+
+    return tilewise.__file__
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
 CHECKS = {"sysfs": check_sysfs, "topo": check_topo, "plan": check_plan, "exec": check_exec, "bench": check_bench,
           "elastic": check_elastic, "up": check_up, "cgroup": check_cgroup, "cgroup_inplace": check_cgroup_inplace,
           "probes": check_probes, "pytest": check_pytest, "hmat": check_hmat, "memprobe": check_memprobe,
-          "tiers": check_tiers, "cgroup_delegated": check_cgroup_delegated, "postgres": check_postgres}
+          "tiers": check_tiers, "cgroup_delegated": check_cgroup_delegated, "postgres": check_postgres,
+          "postgres_elastic": check_postgres_elastic}
 
 
 def main(argv: list[str]) -> int:

@@ -40,6 +40,9 @@ CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the 
     "single-node": ["sysfs", "topo", "plan", "exec"],
     "hmat-tiers": ["sysfs", "topo", "hmat", "memprobe", "tiers"],
 }
+# Checks too long for the default suite, booted only with the slow tests (--run-slow or TILEWISE_SLOW=1):
+# postgres_elastic takes 38-66 s of guest time (a PostgreSQL server on the host's cached load).
+SLOW_CHECKS = {"cgroup2": ["postgres_elastic"]}
 BENCH_ARGS = ("--sf", "0.01", "--runs", "1", "--no-warmup", "--no-plots", "--tests", "power")
 PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
 # asked of the DuckDB servers `up` starts in the guests; the answer is computed here from the same files
@@ -51,7 +54,8 @@ UP_SQL = ("SELECT l_returnflag, l_linestatus, count(*) AS n, CAST(sum(l_quantity
 class Guests:
     """Boots every guest once (two at a time) and hands out their JSON documents."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow: bool = False) -> None:
+        self.slow = slow  # also the SLOW_CHECKS
         self.futures: dict[str, Future] = {}
         self.pool: ThreadPoolExecutor | None = None
         self.times: dict[str, harness.GuestResult] = {}
@@ -60,7 +64,8 @@ class Guests:
     def selected(self) -> dict[str, list[str]]:
         """TILEWISE_VM_GUESTS=a,b boots only those guests (the others' tests are skipped)."""
         only = [n for n in os.environ.get("TILEWISE_VM_GUESTS", "").split(",") if n]
-        return {n: c for n, c in CHECKS.items() if not only or n in only}
+        checks = {n: c + (SLOW_CHECKS.get(n, []) if self.slow else []) for n, c in CHECKS.items()}
+        return {n: c for n, c in checks.items() if not only or n in only}
 
     def start(self) -> None:
         if self.pool is not None:
@@ -73,11 +78,11 @@ class Guests:
                 env["TILEWISE_BIN_DIR"] = str(native)
         if any("bench" in c for c in chosen.values()):
             warm_tpch_cache()
-        if any("up" in c or "postgres" in c for c in chosen.values()):  # SF 0.01: made here, not under TCG
+        if any("up" in c or any(x.startswith("postgres") for x in c) for c in chosen.values()):  # SF 0.01: made here
             from tilewise.benchmarks.tpch import data as tpch_data
 
             tpch_data.ensure_data(0.01)
-        if any("postgres" in c for c in chosen.values()):
+        if any(x.startswith("postgres") for c in chosen.values() for x in c):
             warm_postgres_load()
         jobs = int(os.environ.get("TILEWISE_VM_JOBS", "2"))
         self.pool = ThreadPoolExecutor(max(1, jobs), thread_name_prefix="vm")
@@ -168,7 +173,7 @@ def postgres_missing() -> str | None:
 
 @pytest.fixture(scope="session")
 def guests(request):
-    g = Guests()
+    g = Guests(slow=request.config.getoption("--run-slow") or os.environ.get("TILEWISE_SLOW") == "1")
     request.config._tilewise_vm_guests = g  # for the timing summary (conftest.py)
     yield g
     g.close()
@@ -543,6 +548,33 @@ def test_elastic_modes_grant_cores_on_the_expected_nodes(guests):
         assert run["after"] == run["before"] == list(range(t.ncpus))
         assert run["cgroup_after"] == run["cgroup_before"]
         assert all(v == run["before"] for v in run["after_children"].values())
+
+
+@pytest.mark.slow
+def test_elastic_adaptive_grants_on_the_node_holding_the_postgres_servers_pages(guests):
+    """A PostgreSQL server allowed on every CPU, its memory bound to node 1 (cgroup2 guest, v2
+    cpuset): under load the daemon starts on node 1 and fills it before node 0 (pages per node
+    summed over the postmaster's tree), the backends born during the run join the tree, and the
+    server, its processes and its group are as before afterwards."""
+    r = guests.check("cgroup2", "postgres_elastic")
+    if r.get("skipped"):
+        pytest.skip(f"PostgreSQL in the guest: {r['skipped']}")
+    assert not r.get("error"), r.get("error")
+    s = r["summary"]
+    assert s["restored"] and not s["problems"] and s["enforce"] == ["cgroup-v2"], s
+    t = TOPOLOGIES["cgroup2"]
+    node_of = {c: i for i, n in enumerate(t.nodes) for c in n.cpus}
+    far = r["mem_node"]
+    assert far == len(t.nodes) - 1
+    got = [node_of[c] for c in granted(r)]
+    n_far = len(t.nodes[far].cpus)
+    assert len(got) > n_far and got[:n_far] == [far] * n_far, (got, r["log"])  # its node first, whole
+    ticks = [rec for rec in r["log"] if "pages" in rec and not rec.get("event")]
+    assert ticks and all(rec["pages"][str(far)] > sum(v for k, v in rec["pages"].items() if k != str(far)) for rec in ticks)
+    assert max(rec["processes"] for rec in ticks) >= r["processes_at_start"] + 3  # the clients' backends, born after
+    assert r["after"] == r["before"] == list(range(t.ncpus))
+    assert all(v == r["before"] for v in r["after_tree"].values())
+    assert r["cgroup_after"] == "0::/"  # back in its own group, ours removed
 
 
 # ---- probes --------------------------------------------------------------------------------------

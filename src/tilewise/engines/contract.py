@@ -49,6 +49,11 @@ class Capabilities:
     reads: tuple[str, ...] = ()
     # a running deployment can switch a table to another copy of it (Runtime.switch_table): cracking
     switch: bool = False
+    # an allocator the engine links in itself (ClickHouse: jemalloc); None: it uses the C library's
+    # malloc, which a preloaded allocator (LD_PRELOAD) replaces. An engine with its own allocator
+    # aborts when another one is preloaded (memory one allocates, the other frees), so `tune
+    # --engine` sweeps no allocators for it and says why
+    linked_allocator: str | None = None
 
 
 @dataclass(frozen=True)
@@ -245,7 +250,10 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def status(self) -> list[InstanceStatus]:
-        """Per plan instance: pid, binding read back from /proc, health (a crashed instance is unhealthy)."""
+        """Per plan instance: pid, binding read back from /proc, health (a crashed instance is unhealthy).
+        The pid is the root of the instance's process tree: every process of the instance is it or a
+        descendant (a server's backends and workers), which is what `bench elastic`, `elastic
+        --instances` and `tune --engine` manage and verify."""
 
     def info(self, instance: int) -> dict:
         """The engine's settings of one instance as results record them: threads, memory_mb, load_s;
