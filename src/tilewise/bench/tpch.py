@@ -217,6 +217,7 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
     if cfg.refresh and not engine.capabilities.refresh:
         raise UsageError(f"the {cfg.engine} engine cannot apply the refresh functions (it does not write its tables)",
                          "drop --refresh; the results then say 'without refresh functions'")
+    engine.check_allocator(cfg.allocator)
     if cfg.allocator != "system" and not allocators.find_library(cfg.allocator):
         raise UsageError(f"allocator {cfg.allocator!r} is not installed here",
                          "use --allocator system, or install it (make setup)")

@@ -104,6 +104,14 @@ class EngineSpec:
         """The text this engine runs for a benchmark query (its dialect hook applied, if any)."""
         return self.dialect(text, query) if self.dialect is not None else text
 
+    def check_allocator(self, allocator: str, option: str = "--allocator") -> None:
+        """A UsageError when `allocator` would be preloaded into an engine that links its own
+        (capabilities.linked_allocator): the process would abort."""
+        own = self.capabilities.linked_allocator
+        if own and allocator != "system":
+            raise UsageError(f"{self.title} links its own allocator ({own}): preloading {allocator} into it makes it "
+                             "abort (memory one allocator hands out, the other frees)", f"use {option} system")
+
     def check_reads(self, dataset: Dataset | None) -> None:
         """A UsageError when the data set has a layout or raw tables (they are read in place) in a
         format this engine cannot read."""

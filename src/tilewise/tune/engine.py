@@ -102,11 +102,8 @@ def restart_key(c: knobs.Config) -> tuple:
 
 
 def check_allocators(spec, allocs: list[str]) -> None:
-    own = spec.capabilities.linked_allocator
-    preload = [a for a in allocs if a != "system"]
-    if own and preload:
-        raise UsageError(f"{spec.title} links its own allocator ({own}): preloading {preload[0]} into it makes it abort "
-                         "(memory one allocator hands out, the other frees)", "use --allocators system")
+    for a in allocs:
+        spec.check_allocator(a, "--allocators")
 
 
 def check_placements(places: list[str], cores: int | None, base: planner.Plan) -> None:
