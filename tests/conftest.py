@@ -124,6 +124,29 @@ def state_env(tmp_path):
             pass
 
 
+@pytest.fixture(scope="session")
+def tpch_sf001(tmp_path_factory):
+    """A TPC-H SF 0.01 data set shared by the tests that start engines on it (an engine's cached load,
+    PostgreSQL's, lives beside it and is made once)."""
+    from tilewise.benchmarks.tpch import data as tpch_data
+
+    root = tmp_path_factory.mktemp("tpch-sf001")
+    tpch_data.ensure_data(0.01, root)
+    return root
+
+
+@pytest.fixture
+def forking_env(tmp_path, state_env):
+    """The process-per-connection stand-in engine `forking` (tests/fixtures/forking_engine: a server
+    that forks a child per connection, the shape of PostgreSQL) and the SQLite engine it is built on,
+    on PYTHONPATH with their entry points, as `pip install` would leave them."""
+    site = tmp_path / "site"
+    shutil.copytree(FIXTURES / "engine_plugin", site)
+    shutil.copytree(FIXTURES / "forking_engine", site, dirs_exist_ok=True)
+    path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**state_env, "PYTHONPATH": path, "TILEWISE_TEST_TAG": str(tmp_path)}
+
+
 @pytest.fixture
 def sleeper():
     """A process of ours that sleeps (a target to bind, move or refuse)."""

@@ -298,3 +298,20 @@ def test_each_instance_bound_and_sized_from_its_cores(data_root):
             assert info["threads"] == len(inst.cpus) and info["version"].startswith("ClickHouse 26.")
         pids = [s.pid for s in eng.status()]
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+
+
+def test_a_preloaded_allocator_is_refused_before_anything_starts(tmp_path, data_root, state_env):
+    """chdb links jemalloc and aborts under any preloaded allocator: bench and up refuse it in one
+    line before a server starts (tune --engine does the same for --allocators)."""
+    tag = str(tmp_path)
+    env = {**state_env, "TILEWISE_TEST_TAG": tag}
+    for cmd in (["bench", "tpch", "--out", str(tmp_path / "o"), "--policies", "wim", "--queries", "1"],
+                ["up", "--name", "alloc"]):
+        cp = run_cli(*cmd, "--engine", "clickhouse", "--sf", "0.01", "--data-dir", str(data_root),
+                     "--allocator", "tcmalloc", env=env, timeout=120)
+        assert cp.returncode == 2, cp.stderr
+        assert cp.stderr.strip().splitlines()[-1] == (
+            "Error: ClickHouse links its own allocator (jemalloc): preloading tcmalloc into it makes it abort (memory "
+            "one allocator hands out, the other frees); use --allocator system"), cp.stderr
+        assert not wait_gone("TILEWISE_TEST_TAG", tag)
+    assert not (tmp_path / "o" / "results.json").exists()

@@ -92,3 +92,12 @@ def test_a_refused_connection_to_a_dead_server_says_how_it_ended(tmp_path):
     p.wait()
     with pytest.raises(InstanceDied, match=rf"DuckDB instance 0 \(pid {p.pid}\) was killed by SIGKILL"):
         Client(path, 0, "DuckDB", m).connect(timeout_s=1)
+
+
+def test_a_long_tmpdir_does_not_make_the_sockets_too_long():
+    from tilewise.engines.procgroup import SHORT_TMP, scratch_base
+
+    assert scratch_base("/tmp") == "/tmp"
+    long = "/tmp/" + "x" * 120
+    assert len(long) > SHORT_TMP and scratch_base(long) == "/tmp"
+    assert scratch_base("/var/tmp") == "/var/tmp"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, wait_gone
 from tilewise.elastic import experiment
 from tilewise.errors import UsageError
 
@@ -38,6 +38,29 @@ def test_bench_elastic_tiny(tmp_path):
     assert not list((tmp_path / "state" / "elastic").glob("*.json"))  # restored, journal gone
     assert not [g for g in os.listdir("/sys/fs/cgroup/cpuset") if g.startswith("tilewise-elastic-")] \
         if os.path.isdir("/sys/fs/cgroup/cpuset") else True
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_bench_elastic_manages_a_process_per_connection_server(tmp_path, forking_env, tpch_sf001):
+    """The instance is a process tree (the stand-in forks a child per connection, which runs the
+    queries): the daemon manages the child too, the CPU it used is counted, the load steps are timed."""
+    out = tmp_path / "out"
+    cp = run_cli("bench", "elastic", "--engine", "forking", "--sf", "0.01", "--clients", "2", "--duration", "1.5",
+                 "--idle", "0.5", "--workloads", "mixed", "--queries", "1,6", "--configs", "os,dense", "--out", str(out),
+                 "--data-dir", str(tpch_sf001), "--json", env=forking_env, timeout=240)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["params"]["engine"] == "forking" and doc["params"]["queries"] == [1, 6]
+    static, el = doc["cases"]
+    for c in (static, el):
+        assert c["queries_done"] > 0 and set(c["per_query_ms"]) <= {"1", "6"}
+        assert c["processes_max"] >= 2  # the server and the child serving the clients' connection
+        assert c["cpu_s"] > 0.1 and c["cores_used_mean"] > 0  # the child's CPU (the queries run there) counted
+        assert all(len(x) == 4 for x in c["timeline"])
+    assert static["reaction"] is None and static["enforce"] == "none (static)"
+    assert el["reaction"]["up"]["ticks"] >= 1 and el["enforce"] in ("affinity", "cgroup-v1", "cgroup-v2", "cgroup-v2 in place")
+    assert {m["name"] for m in doc["metrics"]} >= {"mixed/dense/core_seconds", "mixed/dense/reaction_up"}
+    assert not wait_gone("TILEWISE_TEST_TAG", forking_env["TILEWISE_TEST_TAG"]), "engine processes left behind"
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -73,21 +73,30 @@ def test_kernel_without_schedstat_falls_back_to_stat(tmp_path):
     assert all(w == 0 for _, w in times.values())  # no wait time without schedstat: not measured
 
 
-def test_pid_target_relists_threads_each_tick_and_children_on_a_full_scan(tmp_path):
+def _add_child(sp, child: int, parent_tid: int) -> None:
+    (sp.root / str(child) / "task" / str(child)).mkdir(parents=True)
+    for name in ("stat", "schedstat", "children"):
+        (sp.root / str(child) / "task" / str(child) / name).write_text("1 2 3\n" if name == "schedstat" else "")
+    (sp.root / str(sp.pid) / "task" / str(parent_tid) / "children").write_text(f"{child} ")
+
+
+def test_pid_target_relists_threads_and_main_thread_children_each_tick(tmp_path):
     sp = SyntheticProc(tmp_path / "proc", threads=3, processes=1)
     target = daemon.PidTarget(sp.pid, ProcFS(str(sp.root)), rescan_s=1.0)
     assert set(target.tasks(10.0)) == set(sp.tids())
     new = sp.add_thread()
     assert new in target.tasks(10.1)  # a new thread: on the next tick
-    # a child process appears: seen at the next full scan (every rescan_s), not before
+    # a child process forked by the main thread (a server's new backend): on the next tick too
     child = FIRST_ID + 500
-    (sp.root / str(child) / "task" / str(child)).mkdir(parents=True)
-    for name in ("stat", "schedstat", "children"):
-        (sp.root / str(child) / "task" / str(child) / name).write_text("1 2 3\n" if name == "schedstat" else "")
-    (sp.root / str(sp.pid) / "task" / str(sp.pid) / "children").write_text(f"{child} ")
-    assert child not in target.tasks(10.5)
-    assert target.tasks(11.0)[child] == child
-    assert child in target.tasks(None)  # None: always a full scan
+    _add_child(sp, child, sp.pid)
+    assert target.tasks(10.2)[child] == child
+    # one forked by another thread: seen at the next full scan (every rescan_s), not before
+    other = next(t for t in sp.tids() if t != sp.pid)
+    late = FIRST_ID + 600
+    _add_child(sp, late, other)
+    assert late not in target.tasks(10.5)
+    assert target.tasks(11.0)[late] == late
+    assert late in target.tasks(None)  # None: always a full scan
     sp.remove_thread(new)
     assert new not in target.tasks(11.2)
     target.close()

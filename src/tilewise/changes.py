@@ -24,6 +24,7 @@ and locks/.
 from __future__ import annotations
 
 import abc
+import errno
 import fcntl
 import hashlib
 import importlib
@@ -31,6 +32,7 @@ import itertools
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -274,6 +276,95 @@ class ProcessAffinity(Target):
         return {"pid": self.pid, "start": self.start, "proc": self.proc}
 
 
+def boot_ticks() -> int:
+    """Now, in the unit of /proc/PID/stat's start time (clock ticks since boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * procs.TICKS_PER_S)
+
+
+@kind
+@dataclass(frozen=True)
+class BornSince(Target):
+    """The CPU masks of the processes a process tree gained since a moment: every live descendant
+    of the root (pid + start time) whose own start time is at or after `since` (clock ticks since
+    boot). A server forks backends and parallel workers all the time; they are born with the mask
+    the controller gave their parent, so one journal entry covers all of them (none per process):
+    undoing it gives each of them, every thread, the value (the root's original CPU list).
+    Value: a CPU list (what set gives every one of them); get returns the distinct masks they have
+    now, sorted (an empty list: there are none)."""
+
+    kind: ClassVar[str] = "affinity-born-since"
+    pid: int
+    start: int
+    since: int
+    proc: str = "/proc"
+
+    def lock_key(self) -> str:
+        return f"born-since:{self.pid}:{self.start}"
+
+    def describe(self, key: str) -> str:
+        return f"CPUs of the processes pid {self.pid} spawned while controlled"
+
+    def members(self) -> list[int]:
+        """The live processes born since, that this caller may re-bind: one that is not (a child that
+        became another user) was never ours to bind and keeps what it has (said during the run)."""
+        if not ProcId(self.pid, self.start).alive(self.proc):
+            raise Gone(f"pid {self.pid} exited")
+        table = procs.scan(self.proc)
+        born = [p for p in procs.descendants([self.pid], table) if table[p].start >= self.since]
+        who = admission.caller()
+        return sorted(p.pid for p in admission.processes(born, self.proc) if admission.may_set_affinity(who, p) is None)
+
+    def get(self, key: str) -> list[list[int]]:
+        masks = set()
+        for p in self.members():
+            try:
+                masks.add(tuple(sorted(os.sched_getaffinity(p))))
+            except OSError:
+                continue
+        return [list(m) for m in sorted(masks)]
+
+    def same(self, key: str, current, wanted) -> bool:
+        if current and isinstance(current[0], list):  # what get returned: every member's mask
+            return all(sorted(m) == sorted(wanted or ()) for m in current)
+        return sorted(current or ()) == sorted(wanted or ())
+
+    def set(self, key: str, value) -> None:
+        errors = []
+        for p in self.members():
+            try:
+                tids = [int(x) for x in os.listdir(f"{self.proc}/{p}/task") if x.isdigit()]
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    os.sched_setaffinity(tid, list(value or ()))
+                except (ProcessLookupError, FileNotFoundError):
+                    continue
+                except OSError as e:
+                    if e.errno == errno.EPERM:  # it changed its user meanwhile: no longer ours
+                        break
+                    errors.append(f"pid {p} task {tid}: {e.strerror}")
+        if errors:
+            raise OSError(1, f"sched_setaffinity({self.show(value)}): " + "; ".join(errors[:3]))
+
+    def verify(self, key: str, wanted) -> tuple[bool, Any]:
+        return True, wanted  # processes come and go: each was set above or is gone
+
+    def needs(self, key: str, value: Any) -> Needs:
+        try:
+            return Needs(rebinds=tuple(self.members()))
+        except Gone:
+            return Needs()
+
+    def show(self, value) -> str:
+        if value and isinstance(value[0], list):
+            return ", ".join(cpulist.format(m) for m in value)
+        return cpulist.format(value or ())
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "start": self.start, "since": self.since, "proc": self.proc}
+
+
 def _mask_for(value, tid: int) -> list[int]:
     if isinstance(value, dict):
         return list(value.get("threads", {}).get(str(tid)) or value.get("default") or ())
@@ -316,6 +407,41 @@ class StartedProcess(Target):
 
     def to_json(self) -> dict:
         return {"pid": self.pid, "start": self.start, "token": self.token, "var": self.var, "name": self.name}
+
+
+@kind
+@dataclass(frozen=True)
+class CreatedDirectory(Target):
+    """A directory tilewise created for a run (a server's data directories): undoing its creation
+    removes it with everything in it. Journaled before it is made, so `tilewise restore` removes
+    what a killed run left. Value: "present" / "absent"."""
+
+    kind: ClassVar[str] = "directory"
+    path: str = ""
+    name: str = ""
+
+    def lock_key(self) -> str:
+        return f"directory:{self.path}"
+
+    def describe(self, key: str) -> str:
+        return f"{self.name or 'directory'} {self.path}"
+
+    def get(self, key: str) -> str:
+        return "present" if os.path.lexists(self.path) else "absent"
+
+    def set(self, key: str, value: str) -> None:
+        if value == "present":
+            raise OSError(22, "a removed directory cannot be brought back by undo")
+        if not os.path.isabs(self.path) or os.path.realpath(self.path) == "/":
+            raise OSError(22, f"refusing to remove {self.path!r}")
+        if os.path.lexists(self.path):
+            shutil.rmtree(self.path)
+
+    def needs(self, key: str, value: Any) -> Needs:
+        return Needs(writes=(os.path.dirname(self.path.rstrip("/")) or "/",))
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "name": self.name}
 
 
 # ---- changes and owners --------------------------------------------------------------------------

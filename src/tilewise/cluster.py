@@ -245,6 +245,7 @@ def start(cfg: Config, reporter: Reporter | None = None) -> dict:
     check_name(cfg.name)
     allocators.get(cfg.allocator)
     spec = engines.get(cfg.engine)
+    spec.check_allocator(cfg.allocator)
     if cfg.join and not spec.capabilities.join:
         raise UsageError(f"{spec.name} workers cannot join a cluster on another host",
                          f"use {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")

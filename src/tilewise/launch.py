@@ -46,10 +46,12 @@ class NotExecutable(LaunchError):
 
 # ---- starting ------------------------------------------------------------------------------------
 
-def _preexec(b: Binding, die_with_parent: bool, err_fd: int) -> Callable[[], None]:
+def _preexec(b: Binding, die_with_parent: bool, err_fd: int,
+             death_signal: int = signal.SIGKILL) -> Callable[[], None]:
+    # runs after subprocess switched user (user=/group=): a later credential change would clear it
     def fn() -> None:
         if die_with_parent:
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _libc.prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
         try:
             apply_to_self(b)
         except OSError as e:  # tell the parent exactly what failed (subprocess only says "preexec_fn")
@@ -80,10 +82,12 @@ def journal_start(session: changes.Session, argv: Sequence[str]) -> str:
 
 def spawn(argv: Sequence[str], b: Binding | None = None, *, env: dict | None = None, die_with_parent: bool = True,
           new_session: bool = True, journal: changes.Session | None = None, token: str | None = None,
-          **popen_kwargs) -> Child:
+          death_signal: int = signal.SIGKILL, **popen_kwargs) -> Child:
     """Start argv bound by b (None: left as inherited), in a session (and process group) of its own,
     carrying a token (fresh, or the one journal_start returned). journal: record the start there
-    first (see journal_start). (new_session is accepted for old callers; it must stay True.)"""
+    first (see journal_start). die_with_parent: the child gets death_signal when tilewise dies
+    (SIGKILL; a server that cleans up after itself on another signal, PostgreSQL's SIGINT, names
+    that one). (new_session is accepted for old callers; it must stay True.)"""
     b = b or Binding(None)
     if not new_session:
         raise ValueError("every child gets a session of its own: new_session=False is not supported")
@@ -94,17 +98,17 @@ def spawn(argv: Sequence[str], b: Binding | None = None, *, env: dict | None = N
         token = journal_start(journal, argv)
     token = token or uuid.uuid4().hex[:16]
     try:
-        return _spawn(argv, b, env, die_with_parent, token, **popen_kwargs)
+        return _spawn(argv, b, env, die_with_parent, token, death_signal, **popen_kwargs)
     except Exception:  # nothing was started (Popen reaps a child whose exec failed): no record of it stays
         if journal is not None:
             journal.drop(lambda c: getattr(c.target, "token", None) == token)
         raise
 
 
-def _spawn(argv, b: Binding, env, die_with_parent: bool, token: str, **popen_kwargs) -> Child:
+def _spawn(argv, b: Binding, env, die_with_parent: bool, token: str, death_signal: int, **popen_kwargs) -> Child:
     r, w = os.pipe()
     try:
-        child = Child(list(argv), env=child_env(b, env, token), preexec_fn=_preexec(b, die_with_parent, w),
+        child = Child(list(argv), env=child_env(b, env, token), preexec_fn=_preexec(b, die_with_parent, w, death_signal),
                       start_new_session=True, **popen_kwargs)
     except subprocess.SubprocessError:  # preexec_fn failed in the child: it wrote why
         os.close(w)

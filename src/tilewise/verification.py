@@ -181,6 +181,36 @@ def verify(pid: int, b: Binding, *, allocator_wait_s: float = 0.5, proc: str = "
     return v
 
 
+def verify_tree(pid: int, b: Binding, *, proc: str = "/proc") -> dict:
+    """Every process of pid's tree (pid and its descendants: a postmaster's backends and workers,
+    which inherit its CPUs, memory policy and preloaded allocator at fork) read back against b.
+    A summary for results: processes, how many verified, the allocator mapped in how many, and
+    one line per process that is not as bound."""
+    table = procs.scan(proc)
+    pids = [pid, *sorted(procs.descendants([pid], table))]
+    verified, unchecked, mapped, problems, why = 0, 0, 0, [], []
+    gone = 0
+    for p in pids:
+        v = verify(p, b, allocator_wait_s=0.0, proc=proc)
+        if procs.stat(p, proc) is None:  # it ended meanwhile (a backend whose client left): not a member now
+            gone += 1
+            continue
+        st = table.get(p)
+        who = f"pid {p} ({st.comm if st else '?'})"
+        if v.state == VERIFIED:
+            verified += 1
+        elif v.ok:
+            unchecked += 1
+            why.append(f"{who}: " + "; ".join(f"{k} {c.describe()}" for k, c in v.checks.items()
+                                                if c.state == NOT_CHECKABLE))
+        else:
+            problems.append(f"{who}: " + "; ".join(v.problems))
+        mapped += bool(v.allocator_loaded)
+    return {"root": pid, "processes": len(pids) - gone, "verified": verified, "not_checkable": unchecked,
+            "allocator": b.allocator, "allocator_mapped": mapped if allocators.find_library(b.allocator) else None,
+            "problems": problems, "unchecked": why[:3]}
+
+
 def check_gpu(pid: int, uuid: str, proc: str = "/proc", nvml=None) -> Check:
     """A GPU tile's process: its environment shows only its GPU, and, where NVML is present and the
     process has a CUDA context, NVML sees it on that GPU and no other. nvml: devices.process_gpus."""

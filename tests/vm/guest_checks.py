@@ -237,7 +237,83 @@ def check_up() -> dict:
     return out
 
 
-def _proc_binding(pid: int) -> dict:
+PG_NAME = "pgvm"
+PG_SQL = "SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem"
+
+
+def check_postgres() -> dict:
+    """`up --engine postgres --policy win --sf 0.01` (the load cached on the host: each server copies
+    it; its output is `status`'s document); per server, a backend of our own (a connection kept open while we look: its
+    /proc) after it scanned lineitem, and the parallel workers of a query forced parallel; `down`;
+    then what is left: processes carrying the token, System V segments, /dev/shm files, data dirs."""
+    out: dict = {}
+    dirs_before = {p.name for p in Path("/var/tmp").glob("tilewise-postgres-*")}  # the host's, seen through
+    out["up"] = cli("up", "--engine", "postgres", "--policy", "win", "--sf", "0.01", "--name", PG_NAME,
+                    "--worker-memory", "256m", "--json", timeout=900)
+    state_file = Path(os.environ.get("TILEWISE_CLUSTER_DIR", "/nonexistent")) / f"{PG_NAME}.json"
+    token = None
+    try:
+        token = json.loads(state_file.read_text())["token"] if state_file.exists() else None
+        members = ((out["up"]["json"] or {}).get("members")) or []
+        out["servers"] = {str(m["instance"]): _pg_server(m) for m in members}
+        out["down"] = cli("down", "--name", PG_NAME, "--json", timeout=300)
+        out["tagged_after"] = _carrying(token)
+        out["sysv_after"] = _read(Path("/proc/sysvipc/shm")).splitlines()[1:]
+        out["dev_shm_after"] = sorted(p.name for p in Path("/dev/shm").glob("PostgreSQL.*"))
+        out["dirs_after"] = sorted({p.name for p in Path("/var/tmp").glob("tilewise-postgres-*")} - dirs_before)
+    finally:
+        left = _carrying(token)
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        out["killed_after_check"] = left
+    return out
+
+
+def _pg_server(m: dict) -> dict:
+    """One server, seen from /proc while a backend of ours works: the postmaster and its processes,
+    the backend after a scan of lineitem, the workers of a parallel query."""
+    import threading
+
+    import psycopg
+
+    out: dict = {"pid": m["pid"], "cpus": m["cpus"], "mem_nodes": m["mem_nodes"]}
+    with psycopg.connect(host=m["socket_dir"], port=m["port"], user="tilewise", dbname="tilewise",
+                         autocommit=True) as conn:
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        out["answer"] = [list(map(str, r)) for r in conn.execute(PG_SQL).fetchall()]
+        out["backend"] = {"pid": backend, **_proc_binding(backend, shared=True)}
+        out["postmaster"] = _proc_binding(m["pid"], shared=True)
+        out["children"] = {str(p): _proc_binding(p) for p in _children(m["pid"]) if p != backend}
+        for stmt in ("SET parallel_setup_cost = 0", "SET parallel_tuple_cost = 0", "SET min_parallel_table_scan_size = 0",
+                     "SET max_parallel_workers_per_gather = 2"):
+            conn.execute(stmt)
+        workers: dict[str, dict] = {}
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                for p in _children(m["pid"]):
+                    if "parallel worker" in _read(Path(f"/proc/{p}/cmdline")) and str(p) not in workers:
+                        b = _proc_binding(p)
+                        if b["Cpus_allowed_list"]:
+                            workers[str(p)] = b
+                time.sleep(0.05)
+
+        th = threading.Thread(target=sample)
+        th.start()
+        try:
+            conn.execute("SELECT count(*) FROM orders WHERE pg_sleep(0.0002) IS NOT NULL").fetchall()
+        finally:
+            done.set()
+            th.join()
+        out["parallel_workers"] = workers
+    return out
+
+
+def _proc_binding(pid: int, shared: bool = False) -> dict:
     """What the kernel shows of a process: allowed CPUs and nodes, the memory policies in numa_maps
     and its anonymous pages per node (file pages may be cached wherever another process read them)."""
     status = _read(Path(f"/proc/{pid}/status"))
@@ -249,7 +325,9 @@ def _proc_binding(pid: int) -> dict:
         if len(parts) < 2:
             continue
         policies[parts[1]] = policies.get(parts[1], 0) + 1
-        if any(x.startswith("file=") for x in parts):
+        # shared: also anonymous shared memory (PostgreSQL's shared buffers: /dev/zero, SYSV, /dev/shm)
+        files = [x for x in parts if x.startswith("file=")]
+        if files and not (shared and files[0].startswith(("file=/dev/zero", "file=/SYSV", "file=/dev/shm/"))):
             continue
         for x in parts:
             m = re.fullmatch(r"N(\d+)=(\d+)", x)
@@ -620,10 +698,104 @@ def check_pytest() -> dict:
     return {"rc": cp.returncode, "tail": (cp.stdout + cp.stderr)[-6000:], "seconds": round(time.monotonic() - t0, 1)}
 
 
+def check_postgres_elastic() -> dict:
+    """elastic --mode adaptive on a PostgreSQL server that may run on every CPU but whose memory is
+    bound to the last node with CPUs (shared buffers, backends): the cores it grants are on that
+    node (adaptive's pages per node are summed over the postmaster's tree, shared memory once), the
+    backends born during the run are in the tree, and everything is restored. On a cgroup2-only
+    guest the cpuset is v2 (--enforce cgroup), elsewhere sched_setaffinity. The server is the
+    engine's own runtime on TPC-H SF 0.01, whose load the host cached (test_vm_guests.warm_postgres_load:
+    the server copies it); its load is CPU in three backends, started once the daemon runs (a
+    five-way join of a small table, 10 s each)."""
+    import threading
+
+    from tilewise import engines, plan, topology
+    from tilewise.benchmarks.tpch import data as tpch_data
+    from tilewise.elastic import session
+    from tilewise.elastic.metrics import ProcFS
+
+    why = engines.missing("postgres")
+    if why:
+        return {"skipped": why}
+    far = _cpu_nodes()[-1]
+    v2_only = "cgroup2 /sys/fs/cgroup" in check_sysfs()["cgroup_mounts"]
+    enforce = "cgroup" if v2_only else "affinity"
+    res: dict = {"mem_node": far, "enforce": enforce, "tilewise": tilewise_file()}
+    t = topology.load(None)
+    rt = engines.get("postgres").runtime_class()()
+    t0 = time.monotonic()
+    try:
+        p = plan.plan(t, "wim", mem="membind", mem_nodes=(far,))
+        rt.start(p, dataset=tpch_data.dataset(0.01), memory_mb={i.id: 256 for i in p.instances})
+        res["load_info"] = rt.info(0)
+        res["start_s"] = round(time.monotonic() - t0, 1)
+        pid = rt.status()[0].pid
+        res["before"] = sorted(os.sched_getaffinity(pid))
+        outcomes: list[str] = []
+
+        def load() -> None:  # CPU in a backend (a join of five small tables, nothing materialised) for 10 s
+            t1 = time.monotonic()
+            try:
+                rt.run_query("SELECT count(*) FROM nation a, nation b, nation c, nation d, nation e "
+                             "WHERE a.n_nationkey + b.n_nationkey + c.n_nationkey + d.n_nationkey >= e.n_regionkey",
+                             timeout_s=10)
+                outcomes.append(f"finished in {time.monotonic() - t1:.1f} s")
+            except Exception as e:  # noqa: BLE001 - the timeout is expected
+                outcomes.append(f"{time.monotonic() - t1:.1f} s: {e}")
+
+        clients = [threading.Thread(target=load) for _ in range(3)]
+
+        class Start(session.Reporter):  # the load step comes once the daemon runs (its start takes seconds here)
+            def record(self, rec: dict) -> None:
+                if rec.get("event") == "start":
+                    res["processes_at_start"] = 1 + len(_descendants(pid))
+                    for c in clients:
+                        c.start()
+
+        log = WORK / "postgres-elastic.jsonl"
+        try:
+            cfg = session.Config(pid=pid, mode="adaptive", interval=0.3, duration=8, pages_interval=0.3,
+                                 enforce=enforce, log=str(log))
+            res["summary"] = session.run(cfg, Start())
+        except Exception as e:  # noqa: BLE001 - the facts say what failed
+            res["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            for c in clients:
+                if c.ident is not None:  # started
+                    c.join()
+        res["load"] = outcomes
+        res["log"] = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+        tree = [pid, *_descendants(pid)]
+        res["tree_pages"] = {str(k): v for k, v in ProcFS().tree_pages(tree).items()}
+        res["after"] = sorted(os.sched_getaffinity(pid))
+        res["after_tree"] = {p: sorted(os.sched_getaffinity(p)) for p in tree if Path(f"/proc/{p}").exists()}
+        res["cgroup_after"] = _read(Path(f"/proc/{pid}/cgroup"))
+    finally:
+        rt.stop()
+    res["seconds"] = round(time.monotonic() - t0, 1)
+    return res
+
+
+def tilewise_file() -> str:
+    import tilewise
+
+    return tilewise.__file__
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
 CHECKS = {"sysfs": check_sysfs, "topo": check_topo, "plan": check_plan, "exec": check_exec, "bench": check_bench,
           "elastic": check_elastic, "up": check_up, "cgroup": check_cgroup, "cgroup_inplace": check_cgroup_inplace,
           "probes": check_probes, "pytest": check_pytest, "hmat": check_hmat, "memprobe": check_memprobe,
-          "tiers": check_tiers, "cgroup_delegated": check_cgroup_delegated}
+          "tiers": check_tiers, "cgroup_delegated": check_cgroup_delegated, "postgres": check_postgres,
+          "postgres_elastic": check_postgres_elastic}
 
 
 def main(argv: list[str]) -> int:

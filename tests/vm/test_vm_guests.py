@@ -32,7 +32,7 @@ PY = Path(sys.executable)
 # `up` runs where it shows something of its own (a CPU-less node gets no server; 4 nodes): each `up`
 # check costs 50-85 s of guest time, and the whole VM suite must stay within 8 minutes on 2 cores.
 CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the rest to even out both slots
-    "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "up", "elastic", "probes", "bench"],
+    "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "up", "elastic", "probes", "bench", "postgres"],
     "l3-spans-nodes": ["sysfs", "topo", "plan", "exec", "probes"],
     "four-node-asym": ["sysfs", "topo", "plan", "exec", "up"],
     "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace", "cgroup_delegated"],
@@ -40,6 +40,9 @@ CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the 
     "single-node": ["sysfs", "topo", "plan", "exec"],
     "hmat-tiers": ["sysfs", "topo", "hmat", "memprobe", "tiers"],
 }
+# Checks too long for the default suite, booted only with the slow tests (--run-slow or TILEWISE_SLOW=1):
+# postgres_elastic takes 38-66 s of guest time (a PostgreSQL server on the host's cached load).
+SLOW_CHECKS = {"cgroup2": ["postgres_elastic"]}
 BENCH_ARGS = ("--sf", "0.01", "--runs", "1", "--no-warmup", "--no-plots", "--tests", "power")
 PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
 # asked of the DuckDB servers `up` starts in the guests; the answer is computed here from the same files
@@ -51,7 +54,8 @@ UP_SQL = ("SELECT l_returnflag, l_linestatus, count(*) AS n, CAST(sum(l_quantity
 class Guests:
     """Boots every guest once (two at a time) and hands out their JSON documents."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow: bool = False) -> None:
+        self.slow = slow  # also the SLOW_CHECKS
         self.futures: dict[str, Future] = {}
         self.pool: ThreadPoolExecutor | None = None
         self.times: dict[str, harness.GuestResult] = {}
@@ -60,7 +64,8 @@ class Guests:
     def selected(self) -> dict[str, list[str]]:
         """TILEWISE_VM_GUESTS=a,b boots only those guests (the others' tests are skipped)."""
         only = [n for n in os.environ.get("TILEWISE_VM_GUESTS", "").split(",") if n]
-        return {n: c for n, c in CHECKS.items() if not only or n in only}
+        checks = {n: c + (SLOW_CHECKS.get(n, []) if self.slow else []) for n, c in CHECKS.items()}
+        return {n: c for n, c in checks.items() if not only or n in only}
 
     def start(self) -> None:
         if self.pool is not None:
@@ -73,10 +78,12 @@ class Guests:
                 env["TILEWISE_BIN_DIR"] = str(native)
         if any("bench" in c for c in chosen.values()):
             warm_tpch_cache()
-        if any("up" in c for c in chosen.values()):  # the servers load SF 0.01: made here, not under TCG
+        if any("up" in c or any(x.startswith("postgres") for x in c) for c in chosen.values()):  # SF 0.01: made here
             from tilewise.benchmarks.tpch import data as tpch_data
 
             tpch_data.ensure_data(0.01)
+        if any(x.startswith("postgres") for c in chosen.values() for x in c):
+            warm_postgres_load()
         jobs = int(os.environ.get("TILEWISE_VM_JOBS", "2"))
         self.pool = ThreadPoolExecutor(max(1, jobs), thread_name_prefix="vm")
         for name, checks in chosen.items():  # heaviest first
@@ -131,9 +138,42 @@ def warm_tpch_cache() -> None:
                         "--out", d, "--json"], capture_output=True, timeout=600, check=True)
 
 
+def warm_postgres_load() -> None:
+    """PostgreSQL's load of TPC-H SF 0.01, cached beside the data here (seconds; minutes under TCG):
+    the guest's servers copy it. Nothing when PostgreSQL cannot run here (the guest's check then
+    fails with its Error line, and the host test skips first)."""
+    from tilewise import engines, plan, topology
+    from tilewise.benchmarks.tpch import data as tpch_data
+    from tilewise.engines.postgres import home, load
+
+    if postgres_missing():
+        return
+    ds = tpch_data.dataset(0.01)
+    if load.Template(ds, home.major()).ready() is None:
+        p = plan.plan(topology.load(None), "wim")
+        rt = engines.get("postgres").runtime_class()()
+        rt.start(p, dataset=ds, memory_mb={i.id: 512 for i in p.instances})
+        rt.stop()
+
+
+def postgres_missing() -> str | None:
+    """Why the guests cannot run PostgreSQL (they run as root: the servers need the `tilewise` user)."""
+    from tilewise import engines
+    from tilewise.engines.postgres import home
+
+    why = engines.get("postgres").missing()
+    if why:
+        return why
+    try:
+        home.run_as(euid=0)
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+    return None
+
+
 @pytest.fixture(scope="session")
 def guests(request):
-    g = Guests()
+    g = Guests(slow=request.config.getoption("--run-slow") or os.environ.get("TILEWISE_SLOW") == "1")
     request.config._tilewise_vm_guests = g  # for the timing summary (conftest.py)
     yield g
     g.close()
@@ -432,6 +472,47 @@ def test_up_duckdb_win_status_query_down(guests, name):
     check_up_facts(TOPOLOGIES[name], r, up_answer(tables))
 
 
+def test_up_postgres_win_one_server_per_node(guests):
+    """`up --engine postgres --policy win --sf 0.01`: one PostgreSQL server per node with CPUs (none on
+    the CPU-less node); every process of each server (postmaster, background processes, a backend of
+    ours, parallel workers) on that node's cores, membind to it, and the backend's pages -- private
+    and the shared buffers it read lineitem into -- on that node; `down` leaves no process, no System
+    V segment, no /dev/shm file and no data directory."""
+    why = postgres_missing()
+    if why:
+        pytest.skip(f"postgres: {why}")
+    name = "two-socket-cxl"
+    t = TOPOLOGIES[name]
+    r = guests.check(name, "postgres")
+    up = ok(r["up"])
+    assert up["engine"] == "postgres" and up["policy"] == "win" and up["healthy"], up["problems"]
+    want = up_expected(t)
+    servers = sorted(up["members"], key=lambda m: m["instance"])
+    assert sorted((m["cpus"], m["mem_policy"], tuple(m["mem_nodes"])) for m in servers) == sorted(
+        (cpus, "membind", (node,)) for cpus, node in want), servers
+    for m in servers:  # tilewise read back the whole tree
+        assert m["processes"] and all(p["verification"] == "verified" for p in m["processes"]), m["processes"]
+    answers = set()
+    for m in servers:
+        cpus, node = m["cpus"], m["mem_nodes"][0]
+        srv = r["servers"][str(m["instance"])]
+        answers.add(json.dumps(srv["answer"]))
+        procs = {"postmaster": srv["postmaster"], "backend": srv["backend"], **srv["children"],
+                 **{f"parallel worker {p}": b for p, b in srv["parallel_workers"].items()}}
+        assert len(srv["children"]) >= 4, srv["children"]  # checkpointer, writers, launchers
+        for who, proc in procs.items():
+            assert proc["Cpus_allowed_list"] == cpus, (m["instance"], who, proc)
+            assert set(proc["numa_maps_policies"]) <= {f"bind:{node}"}, (m["instance"], who, proc)
+        pages = {int(k): v for k, v in srv["backend"]["anon_pages"].items() if v}
+        assert set(pages) == {node} and pages[node] > 100, (m["instance"], pages)  # lineitem in its buffers
+        assert srv["parallel_workers"], "no parallel worker seen"
+    assert len(answers) == 1  # every server holds the same data
+    down = ok(r["down"])
+    assert {m["pid"] for m in servers} <= set(down["stopped_pids"]) and not down["left"], down
+    assert r["tagged_after"] == [] and r["killed_after_check"] == [], r["tagged_after"]
+    assert r["sysv_after"] == [] and r["dev_shm_after"] == [] and r["dirs_after"] == [], r
+
+
 # ---- elastic -------------------------------------------------------------------------------------
 
 def granted(run: dict) -> list[int]:
@@ -467,6 +548,33 @@ def test_elastic_modes_grant_cores_on_the_expected_nodes(guests):
         assert run["after"] == run["before"] == list(range(t.ncpus))
         assert run["cgroup_after"] == run["cgroup_before"]
         assert all(v == run["before"] for v in run["after_children"].values())
+
+
+@pytest.mark.slow
+def test_elastic_adaptive_grants_on_the_node_holding_the_postgres_servers_pages(guests):
+    """A PostgreSQL server allowed on every CPU, its memory bound to node 1 (cgroup2 guest, v2
+    cpuset): under load the daemon starts on node 1 and fills it before node 0 (pages per node
+    summed over the postmaster's tree), the backends born during the run join the tree, and the
+    server, its processes and its group are as before afterwards."""
+    r = guests.check("cgroup2", "postgres_elastic")
+    if r.get("skipped"):
+        pytest.skip(f"PostgreSQL in the guest: {r['skipped']}")
+    assert not r.get("error"), r.get("error")
+    s = r["summary"]
+    assert s["restored"] and not s["problems"] and s["enforce"] == ["cgroup-v2"], s
+    t = TOPOLOGIES["cgroup2"]
+    node_of = {c: i for i, n in enumerate(t.nodes) for c in n.cpus}
+    far = r["mem_node"]
+    assert far == len(t.nodes) - 1
+    got = [node_of[c] for c in granted(r)]
+    n_far = len(t.nodes[far].cpus)
+    assert len(got) > n_far and got[:n_far] == [far] * n_far, (got, r["log"])  # its node first, whole
+    ticks = [rec for rec in r["log"] if "pages" in rec and not rec.get("event")]
+    assert ticks and all(rec["pages"][str(far)] > sum(v for k, v in rec["pages"].items() if k != str(far)) for rec in ticks)
+    assert max(rec["processes"] for rec in ticks) >= r["processes_at_start"] + 3  # the clients' backends, born after
+    assert r["after"] == r["before"] == list(range(t.ncpus))
+    assert all(v == r["before"] for v in r["after_tree"].values())
+    assert r["cgroup_after"] == "0::/"  # back in its own group, ours removed
 
 
 # ---- probes --------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ class Config:
     mem_variants: tuple[str, ...] = ()  # the far-memory study: near, far, interleave, weighted (bench.far_memory)
     layout: str | None = None  # the tables in this layout, read in place (bench.on_layout); None: loaded Parquet
     layout_dir: str | Path | None = None  # the layout store (default: <set dir>/layouts)
+    query_timeout_s: float | None = None  # give up on a query after this long (it is reported as failed)
 
 
 class Reporter:
@@ -216,6 +217,7 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
     if cfg.refresh and not engine.capabilities.refresh:
         raise UsageError(f"the {cfg.engine} engine cannot apply the refresh functions (it does not write its tables)",
                          "drop --refresh; the results then say 'without refresh functions'")
+    engine.check_allocator(cfg.allocator)
     if cfg.allocator != "system" and not allocators.find_library(cfg.allocator):
         raise UsageError(f"allocator {cfg.allocator!r} is not installed here",
                          "use --allocator system, or install it (make setup)")
@@ -418,7 +420,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "streams": streams, "streams_requested": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
         "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
         "dataset": dataset.to_json(), "benchmark": cfg.benchmark, "query_params": qset.params,
-        "query_seed": qset.seed, "mem_variants": list(cfg.mem_variants),
+        "query_seed": qset.seed, "mem_variants": list(cfg.mem_variants), "query_timeout_s": cfg.query_timeout_s,
         **({"layout": cfg.layout} if cfg.layout else {}),
     })
     if layout_info is not None:
@@ -744,7 +746,7 @@ def _ask(engine, ctx: _Ctx, n: QueryId, stream: int, answers: list[Answer], lock
     error is kept with the answer; an engine that is no longer healthy ends the run instead)."""
     lo = ctx.states.bounds()
     try:
-        res = engine.run_query(ctx.engine_sql(n, stream))
+        res = engine.run_query(ctx.engine_sql(n, stream), timeout_s=ctx.cfg.query_timeout_s)
     except TilewiseError as e:
         if ctx.stopping or not _healthy(engine):
             raise
@@ -901,7 +903,7 @@ def _instances(engine, p) -> list[dict]:
             info = engine.info(inst.id) or {}
         except Exception:  # noqa: BLE001 - settings are recorded when the engine gives them
             info = {}
-        for k in ("load_s", "threads", "memory_mb"):
+        for k in ("load_s", "threads", "memory_mb", "settings", "load"):  # settings, load: the engine's own
             if info.get(k) is not None:
                 d[k] = info[k]
         for k, name in (("rss_mb", "rss_loaded_mb"), ("rss_anon_mb", "rss_anon_loaded_mb")):

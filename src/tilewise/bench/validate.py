@@ -11,7 +11,10 @@ The rules (docs/tpch.md, "Validation"):
 - Floating results (DOUBLE/REAL on both sides) agree within a relative 1e-9.
 - Engines type some results differently: DuckDB returns AVG as DOUBLE, Trino keeps AVG and decimal
   division as DECIMAL with a smaller scale. Two numbers of different scales are compared at the
-  coarser one: the finer is rounded (or truncated) to it and must then be equal.
+  coarser one: the finer is rounded (or truncated) to it and must then be equal. A decimal whose
+  last place is finer than the spacing of the float it is compared with (the float's ulp) is more
+  exact than that float: the two are compared as floats (PostgreSQL's numeric division keeps 16
+  and more places where DataFusion computes a double).
 - Division results (AVG, `/`; read from the query text) may differ by one unit of the coarser
   scale's last digit (engines round or truncate them). Nothing else gets slack: a count off by one
   or a money sum off by 0.01 is wrong.
@@ -162,6 +165,8 @@ def values_equal(got: list, want: list, division: bool = False) -> bool:
     sx, sy = _scale(got), _scale(want)
     if sx is None and sy is None:  # floating on both sides
         return abs(x - y) <= FLOAT_REL_TOL * max(abs(x), abs(y))
+    if _finer_than_float(x, sx, y, sy):  # more places than the float holds: compared as floats
+        return abs(x - y) <= FLOAT_REL_TOL * max(abs(x), abs(y))
     coarse = min(s for s in (sx, sy) if s is not None)
     unit = Decimal(1).scaleb(-coarse)
     if division:  # AVG / division: engines round or truncate; one unit of the coarser last digit
@@ -170,6 +175,15 @@ def values_equal(got: list, want: list, division: bool = False) -> bool:
         return False
     fine, coarse_v = (x, y) if sx is None or (sy is not None and sx > sy) else (y, x)
     return any(fine.quantize(unit, rounding=r) == coarse_v for r in (ROUND_HALF_EVEN, ROUND_HALF_UP, ROUND_DOWN))
+
+
+def _finer_than_float(x: Decimal, sx: int | None, y: Decimal, sy: int | None) -> bool:
+    """One side a float, the other a decimal whose last place is finer than that float's spacing
+    at its magnitude (its ulp): the decimal is more exact than the float can be."""
+    for f, sf, d, sd in ((x, sx, y, sy), (y, sy, x, sx)):
+        if sf is None and sd is not None and f != 0:
+            return Decimal(1).scaleb(-sd) < Decimal(math.ulp(float(f)))
+    return False
 
 
 # ---- comparing answers --------------------------------------------------------------------------

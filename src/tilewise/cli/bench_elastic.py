@@ -1,29 +1,32 @@
-"""`tilewise bench elastic`: TPC-H Q6 / mixed clients on one engine process (DuckDB by default), with and
-without the elastic allocator."""
+"""`tilewise bench elastic`: TPC-H Q6 / mixed clients on one engine instance (DuckDB by default; a
+process tree such as PostgreSQL's server the same way), static (all cores) and with the elastic
+allocator; the use case is tilewise.elastic.experiment.run."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import click
 
 from tilewise import engines
-from tilewise.cli.common import (AT_LEAST_1, PERCENT, SECONDS, SEED, Messages, console, emit_json, json_option,
-                                 topology_option)
+from tilewise.cli.common import (AT_LEAST_1, NON_NEGATIVE, PERCENT, SECONDS, SEED, Messages, console, emit_json,
+                                 json_option, topology_option)
 from tilewise.cli.engines import EngineChoice
 
 
 @click.command("elastic")
 @click.option("--engine", "-e", default=engines.DEFAULT_BENCH, show_default=True,
               type=EngineChoice(lambda s: s.capabilities.replicas),
-              help="The DBMS process (engines whose instances are single processes, replicas).")
+              help="The DBMS: one instance of a replica engine (one process, or a server's process tree).")
 @click.option("--sf", default="0.1", show_default=True, help="TPC-H scale factor.")
 @click.option("--clients", "-c", type=AT_LEAST_1, default=4, show_default=True,
-              help="Concurrent clients (threads of tilewise querying the engine process).")
+              help="Concurrent clients (threads of tilewise querying the engine instance).")
 @click.option("--duration", type=SECONDS, default=10.0, show_default=True, help="Seconds each case runs its clients.")
-@click.option("--workloads", default="q6,mixed", show_default=True, help="q6 (every client loops Q6), mixed (random of the 22).")
+@click.option("--idle", type=NON_NEGATIVE, default=1.0, show_default=True,
+              help="Seconds without load before and after the clients: the load steps the reaction is measured on.")
+@click.option("--workloads", default="q6,mixed", show_default=True, help="q6 (every client loops Q6), mixed (random of the queries).")
+@click.option("--queries", "query_list", default=None, metavar="LIST",
+              help="The mixed workload's queries, e.g. 1,3,5-7 (default: all 22).")
 @click.option("--configs", default="os,dense,sparse,adaptive", show_default=True,
-              help="os = no allocator (all cores); dense/sparse/adaptive = the elastic daemon in that mode.")
+              help="os = static, no allocator (all cores); dense/sparse/adaptive = the elastic daemon in that mode.")
 @click.option("--interval", type=SECONDS, default=0.1, show_default=True, help="Daemon tick (s).")
 @click.option("--th-min", type=PERCENT, default=10.0, show_default=True,
               help="Release a core at or below this load (%).")
@@ -36,26 +39,30 @@ from tilewise.cli.engines import EngineChoice
 @click.option("--no-plot", is_flag=True, help="Skip elastic.png.")
 @topology_option
 @json_option
-def bench_elastic(engine, sf, clients, duration, workloads, configs, interval, th_min, th_max, data_dir, out_dir,
-                  seed, no_plot, topology_src, as_json):
-    """N clients on one engine process (DuckDB by default): throughput, latency, CPU-seconds and
-    cores over time, without the allocator (os) and with it (dense, sparse, adaptive).
+def bench_elastic(engine, sf, clients, duration, idle, workloads, query_list, configs, interval, th_min, th_max, data_dir,
+                  out_dir, seed, no_plot, topology_src, as_json):
+    """N clients on one engine instance (DuckDB by default): throughput, latency, CPU-seconds, cores
+    allocated and used over time, and the reaction to a load step, static (os: every core) and with
+    the allocator (dense, sparse, adaptive). An instance that is a process tree (PostgreSQL's
+    postmaster and its backends) is managed whole, processes born during the run included.
 
     \b
     tilewise bench elastic --sf 0.1 --clients 4 --duration 10
+    tilewise bench elastic --engine postgres --sf 1 --workloads mixed --queries 1,3,5,6,10,12,14
     """
     from tilewise.elastic import experiment as ex
     from tilewise.results import report
 
-    cfg = ex.Config(engine, sf, clients, duration, workloads, configs, interval, th_min, th_max, data_dir, out_dir,
-                    seed, not no_plot, topology_src)
+    cfg = ex.Config(engine=engine, sf=sf, clients=clients, duration=duration, workloads=workloads, configs=configs,
+                    queries=query_list, interval=interval, th_min=th_min, th_max=th_max, idle=idle, data_dir=data_dir,
+                    out=out_dir, seed=seed, plots=not no_plot, topology_src=topology_src)
     doc = ex.run(cfg, Messages(quiet=as_json))
     if as_json:
         emit_json({k: v for k, v in doc.items() if k != "cases"} |
                   {"cases": [{k: v for k, v in c.items() if k != "raw"} for c in doc["cases"]]})
         return
-    out = Path(out_dir)
     c = console(wide=True)
     report.render(doc, c)
-    c.print(f"results: {out / 'results.json'}" + (f", plot: {doc['plots'][0]}" if doc.get("plots") else "")
-            + f", daemon logs: {out / 'logs'}", markup=False)
+    files = doc.get("files") or {}
+    c.print(f"results: {files.get('json')}" + (f", plot: {doc['plots'][0]}" if doc.get("plots") else "")
+            + f", daemon logs: {files.get('logs')}", markup=False)

@@ -9,7 +9,8 @@ import click
 
 from tilewise import benchmarks, engines
 from tilewise.benchmarks.spec import check_seed
-from tilewise.cli.common import AT_LEAST_1, ProgressBars, console, emit_json, json_option, topology_option
+from tilewise.cli.common import (AT_LEAST_1, SECONDS, ProgressBars, console, emit_json, json_option,
+                                 topology_option)
 from tilewise.cli.engines import LazyHelpOption, memory_help
 
 
@@ -125,6 +126,10 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
         click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
         click.option("--worker-memory", default=None, metavar="SIZE", cls=LazyHelpOption,
                      help_text=lambda: memory_help("The engine's memory per worker or instance, e.g. 2g")),
+        click.option("--query-timeout", "query_timeout", type=SECONDS, default=None, metavar="S",
+                     help="Give up on a query after S seconds: it is reported as failed with that reason, never as "
+                          "valid, and the others still run (the engine cancels it where it can: PostgreSQL's "
+                          "statement_timeout)."),
         click.option("--no-warmup", is_flag=True, help="Skip the warm-up run."),
         click.option("--no-plots", is_flag=True, help="Do not write PNG plots."),
         click.option("--inject-wrong-answer", "inject", default=None, hidden=True,
@@ -159,7 +164,8 @@ def _help(spec, others: list | None) -> str:
 
 def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list,
          allocator, config_path, data_dir, mem, smt, worker_memory, no_warmup, no_plots, inject, as_json,
-         qparams=None, seed=None, data_seed=None, mem_variants=None, layout=None, layout_dir=None):
+         qparams=None, seed=None, data_seed=None, mem_variants=None, layout=None, layout_dir=None,
+         query_timeout=None):
     from tilewise.bench import far_memory, tpch as harness
 
     spec = benchmarks.get(benchmark)
@@ -183,7 +189,7 @@ def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
         inject_wrong=tuple(spec.catalog.parse(inject)) if inject else (), worker_memory=worker_memory,
         mem_variants=far_memory.parse_variants(mem_variants) if mem_variants is not None else (),
-        layout=layout, layout_dir=layout_dir,
+        layout=layout, layout_dir=layout_dir, query_timeout_s=query_timeout,
     )
     out = console(wide=True)
     with _RichReporter(quiet=False) as rep:

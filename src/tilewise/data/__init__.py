@@ -23,6 +23,51 @@ from tilewise.data.sources import TableSource
 TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
 
 
+@dataclass(frozen=True)
+class ForeignKey:
+    table: str
+    columns: tuple[str, ...]
+    parent: str
+    parent_columns: tuple[str, ...]
+    # False: the benchmark's data do not always satisfy it (JCC-H's refresh sets): engines may index
+    # its columns but declare no constraint
+    holds: bool = True
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A schema's primary and foreign keys, as its benchmark defines them: what an engine that
+    builds indexes or declares constraints (PostgreSQL) may build on, and nothing else."""
+
+    primary: tuple[tuple[str, tuple[str, ...]], ...]  # (table, its key columns), in load order
+    foreign: tuple[ForeignKey, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"primary": {t: list(c) for t, c in self.primary},
+                "foreign": [[f.table, list(f.columns), f.parent, list(f.parent_columns), f.holds]
+                            for f in self.foreign]}
+
+
+def _fk(table: str, columns: str, parent: str, parent_columns: str) -> ForeignKey:
+    return ForeignKey(table, tuple(columns.split(",")), parent, tuple(parent_columns.split(",")))
+
+
+# TPC-H's keys (specification 1.4.2: primary keys; the foreign keys of its schema diagram, 2.4.x)
+TPCH_KEYS = Keys(
+    primary=(("region", ("r_regionkey",)), ("nation", ("n_nationkey",)), ("supplier", ("s_suppkey",)),
+             ("customer", ("c_custkey",)), ("part", ("p_partkey",)), ("partsupp", ("ps_partkey", "ps_suppkey")),
+             ("orders", ("o_orderkey",)), ("lineitem", ("l_orderkey", "l_linenumber"))),
+    foreign=(_fk("nation", "n_regionkey", "region", "r_regionkey"),
+             _fk("supplier", "s_nationkey", "nation", "n_nationkey"),
+             _fk("customer", "c_nationkey", "nation", "n_nationkey"),
+             _fk("partsupp", "ps_partkey", "part", "p_partkey"),
+             _fk("partsupp", "ps_suppkey", "supplier", "s_suppkey"),
+             _fk("orders", "o_custkey", "customer", "c_custkey"),
+             _fk("lineitem", "l_orderkey", "orders", "o_orderkey"),
+             _fk("lineitem", "l_partkey,l_suppkey", "partsupp", "ps_partkey,ps_suppkey")),
+)
+
+
 def table_paths(d: str | Path, names: tuple[str, ...] = TABLES) -> dict[str, Path]:
     """table -> <d>/<table>.parquet, in the order of names."""
     d = Path(d)
@@ -37,6 +82,7 @@ class Dataset:
     seed: int | None = None
     title: str = ""  # what messages call the benchmark, e.g. "TPC-H" ("": its name upper-cased)
     table_names: tuple[str, ...] = TABLES
+    keys: Keys | None = None  # the benchmark's primary and foreign keys (None: it defines none)
     sources: tuple[TableSource, ...] = ()  # a layout's or raw tables' files; () = <dir>/<table>.parquet
     in_place: bool = False  # engines read the files per query (views over them) instead of loading them
     layout: str = ""  # the layout's name ("csv", "parquet-8"); "" = the generator's Parquet

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from tilewise import cpulist
 from tilewise.elastic import modes, petri
 from tilewise.elastic.enforce import Enforcer
-from tilewise.elastic.metrics import CpuMeter, FdCache, ProcFS, cgroup_tasks
+from tilewise.elastic.metrics import CLK_TCK, CpuMeter, FdCache, ProcFS, cgroup_tasks
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import stats as S
 
@@ -31,10 +31,14 @@ LOG_VERSION = 1
 
 @dataclass
 class PidTarget:
-    """A process and everything it spawns. Between full scans (every rescan_s, reading each
-    thread's children file) a tick only re-lists the threads of the processes already known, so a
-    child process started meanwhile is counted from the next full scan on (it inherits the CPUs
-    and the cgroup of its parent at fork, so enforcement holds in between)."""
+    """A process and everything it spawns (a server's whole process tree: a postmaster, its
+    backends and parallel workers). Every tick re-lists the threads of the processes already known
+    and reads the ``children`` file of each one's main thread, so a process forked from a main
+    thread (a process-per-connection server forks its backends and workers there) is part of the
+    tree at the first tick after its birth: measured, and re-bound, within one tick. A full scan
+    (every rescan_s: each thread's children file) finds children forked by other threads, which
+    are counted from then on (they inherit the CPUs and the cgroup of their parent at fork, so
+    enforcement holds in between)."""
 
     pid: int
     proc: ProcFS = field(default_factory=ProcFS)
@@ -60,8 +64,20 @@ class PidTarget:
             self._fds.sweep()
             self._next_scan = (now if now is not None else 0.0) + self.rescan_s
         else:
-            self._tree = {t: p for p in set(self._tree.values()) for t in self.proc.tids(p)}
+            known = set(self._tree.values())
+            tree = {t: p for p in known for t in self.proc.tids(p)}
+            for p in set(tree.values()):  # the live ones: one read each of the main thread's children
+                for child in self.proc.children(p, p, self._fds):
+                    if child not in known:  # born since: with everything it has spawned already
+                        sub = self.proc.tree(child, self._fds)
+                        tree.update(sub)
+                        known.update(sub.values())
+            self._tree = tree
         return self._tree
+
+    @property
+    def fds(self) -> FdCache:
+        return self._fds
 
     def close(self) -> None:
         self._fds.close()
@@ -273,11 +289,7 @@ class Daemon:
         if not force and u.pages_t is not None and now - u.pages_t < self.pages_interval:
             return None
         u.pages_t = now
-        pages: dict[int, int] = {}
-        for pid in u.target.pids(tasks):
-            for n, c in self.proc.numa_pages(pid).items():
-                pages[n] = pages.get(n, 0) + c
-        return pages
+        return self.proc.tree_pages(sorted(u.target.pids(tasks)))
 
     def tick(self) -> list[dict]:
         c0 = self.thread_time()
@@ -312,6 +324,12 @@ class Daemon:
             rec = u.record(now - self.t0, load, res)
             rec["busy"] = round(m["busy"], 3)
             rec["threads"] = m["threads"]
+            if isinstance(u.target, PidTarget):  # a server's tree: its backends and workers come and go
+                pids = set(tasks.values())
+                rec["processes"] = len(pids)
+                # the tree's CPU so far, threads and children that ended included (clock ticks), beside
+                # u (per-thread schedstat: precise, but blind to a task born and gone within a tick)
+                rec["cpu_s"] = round(sum(self.proc.cpu_ticks(p, u.target.fds) or 0 for p in pids) / CLK_TCK, 3)
             out.append(rec)
         self.ticks += 1
         cost = self.thread_time() - c0

@@ -28,11 +28,14 @@ import errno
 import os
 import secrets
 
-from tilewise import admission, cgroups, changes, cpulist
+from tilewise import admission, cgroups, changes, cpulist, procs
 from tilewise.cgroups import mounts, task_cgroup  # noqa: F401 - where callers look for them
 from tilewise.changes import Busy, Gone, ProcessAffinity
 from tilewise.errors import TilewiseError
 from tilewise.procs import ProcId
+
+
+FRESH_CHECKS = 10  # ticks a process born during the run is checked for a switch of user
 
 
 class Enforcer:
@@ -59,6 +62,10 @@ class Enforcer:
         self.active = False
         self.kept: list[str] = []  # undo items done the nearest possible way (said in the summary)
         self.denied: dict[int, str] = {}  # pid -> why it is not controlled (said once, then left alone)
+        self.since: int | None = None  # --pid targets: when control began (clock ticks since boot)
+        # live processes born since (bound without a journal entry each) -> [the user ids they ran as when
+        # last seen, how many more ticks look again]
+        self.fresh: dict[int, list] = {}
 
     @property
     def journal_path(self):
@@ -74,6 +81,8 @@ class Enforcer:
             self.session.lock("cgroup:" + os.path.abspath(self.cgroup_path), self.what)
 
     def start(self, tasks: dict[int, int], default_cpus, cpus) -> None:
+        if self.target_pid:  # what the tree gains from now on is born with the mask we give its parent
+            self.since = changes.boot_ticks()
         self.lock_target()
         self.default = sorted(default_cpus)
         self.original = set(tasks.values())
@@ -92,6 +101,23 @@ class Enforcer:
 
     def _origin_mask(self, pid: int):
         return None if pid in self.original else {"threads": {}, "default": self.default}
+
+    def born_since(self, pid: int) -> bool:
+        """A process of a --pid target's tree born after control began (a new backend, a parallel
+        worker): one journal entry (changes.BornSince) covers all of them, none is made for it."""
+        if self.since is None or pid in self.original:
+            return False
+        st = procs.start_time(pid, self.proc)
+        return st is not None and st >= self.since
+
+    def journal_born_since(self) -> None:
+        """Journal, before anything is changed, that the processes the tree gains get the target's
+        original CPUs back on undo (undone last: after the processes present at the start)."""
+        start = ProcId.of(self.target_pid, self.proc)
+        if start is None:
+            raise TilewiseError(f"no running process with pid {self.target_pid}", "check the pid (ps -e)")
+        self.session.record(changes.BornSince(self.target_pid, start.start, self.since, self.proc), "cpus",
+                            list(self.default), None)
 
     def _new_pids(self, tasks: dict[int, int]) -> list[int]:
         return sorted(set(tasks.values()) - self.seen)
@@ -129,6 +155,11 @@ class Enforcer:
 class AffinityEnforcer(Enforcer):
     kind = "affinity"
 
+    def _start(self, tasks, cpus) -> None:
+        if self.since is not None:
+            self.journal_born_since()
+        self.apply(cpus, tasks)
+
     def apply(self, cpus, tasks) -> list[str]:
         cpus = tuple(sorted(cpus))
         changed = cpus != self.cpus
@@ -141,14 +172,31 @@ class AffinityEnforcer(Enforcer):
         for pid, tids in by_pid.items():
             if pid in self.denied:
                 continue
-            if pid not in self.seen:
+            new = pid not in self.seen
+            if new:
                 self.seen.add(pid)
                 line = self.admit(pid)
                 if line:  # another user's process joined the tree: said once, left alone
                     problems.append(line)
                     continue
-            elif not changed:
-                for tid in tids:  # threads born since: already journaled with their process
+                if self.born_since(pid):
+                    self.fresh[pid] = [self._ids(pid), FRESH_CHECKS]
+            elif pid in self.fresh and self.fresh[pid][1] > 0:
+                # a child that switches user does so right after its birth (setuid, then exec): its first
+                # ticks look again, and one that is no longer ours is said once and left alone
+                seen = self.fresh[pid]
+                seen[1] -= 1
+                ids = self._ids(pid)
+                if ids != seen[0]:
+                    seen[0] = ids
+                    line = self.admit(pid)
+                    if line:
+                        problems.append(line)
+                        continue
+            if pid in self.fresh or not (new or changed):
+                # threads born since (already journaled with their process), and every thread of a
+                # process born since (journaled with the tree: changes.BornSince): just bound
+                for tid in tids:
                     if tid in self.bound:
                         continue
                     try:
@@ -173,7 +221,14 @@ class AffinityEnforcer(Enforcer):
             except TilewiseError as e:  # retried at the next core change, unless it is no longer ours
                 problems.append(self.admit(pid) or str(e))
         self.bound &= set(tasks)
+        live = set(tasks.values())
+        self.fresh = {p: u for p, u in self.fresh.items() if p in live}
         return problems
+
+    def _ids(self, pid: int) -> tuple | None:
+        """Who a process runs as (real, effective, saved uid), from /proc/PID/status."""
+        p = admission.process(pid, self.proc)
+        return None if p is None else (p.uid, p.euid, p.suid)
 
 
 class CgroupMoveEnforcer(Enforcer):
@@ -223,6 +278,8 @@ class CgroupMoveEnforcer(Enforcer):
         ours = cgroups.rel_to(self.root, self.path)
         for pid in self._new_pids(tasks):
             self.seen.add(pid)
+            if self.born_since(pid) and task_cgroup(pid, self.version, self.proc) == ours:
+                continue  # born inside our group: removing the group moves it back (CgroupDir), nothing to journal
             line = self.admit(pid)
             if line:
                 problems.append(line)
@@ -269,6 +326,8 @@ class CgroupConstrainEnforcer(Enforcer):
         problems = []
         for pid in self._new_pids(tasks):  # on older kernels a cpuset change resets the masks
             self.seen.add(pid)
+            if self.born_since(pid):
+                continue  # born inside the group with the mask the cpuset gave its parent: nothing of its own
             line = self.admit(pid)
             if line:
                 problems.append(line)

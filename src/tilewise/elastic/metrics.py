@@ -4,8 +4,9 @@
   the CPU time all threads of the target's process tree ran during the interval, divided by
   (interval x allocated CPUs). Per-thread run time comes from /proc/PID/task/TID/schedstat
   (nanoseconds), or from utime+stime in .../stat (clock ticks) where schedstat is missing.
-- pages: resident pages per NUMA node of the target's processes, from /proc/PID/numa_maps
-  (the adaptive mode's priority queue).
+- pages: resident pages per NUMA node of the target's process tree, from /proc/PID/numa_maps
+  (the adaptive mode's priority queue): private memory summed over the processes, shared memory
+  (mapped by several processes of the tree) counted once.
 - traffic: the remote/local memory traffic ratio needs memory-controller hardware counters
   (uncore IMC on Intel, DF/UMC on AMD). Where they are absent it is reported unavailable with
   the reason; it is never estimated.
@@ -18,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from tilewise.errors import TilewiseError
+from tilewise import procs
 from tilewise.procs import read_text
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -220,31 +222,97 @@ class ProcFS:
         cache.sweep()
         return out
 
-    def numa_pages(self, pid: int) -> dict[int, int]:
-        """Pages per NUMA node summed over the mappings of /proc/PID/numa_maps."""
-        sums: dict[bytes, int] = {}
+    def _read_all(self, path: str) -> bytes | None:
         try:
-            fd = os.open(f"{self.root}/{pid}/numa_maps", os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except OSError:
-            return {}
+            return None
         try:
             chunks = []
             while True:
                 b = os.read(fd, 1 << 20)
                 if not b:
-                    break
+                    return b"".join(chunks)
                 chunks.append(b)
         except OSError:
-            return {}
+            return None
         finally:
             os.close(fd)
+
+    def cpu_ticks(self, pid: int, cache: FdCache | None = None) -> int | None:
+        """utime + stime + cutime + cstime of a process (clock ticks): its threads, the exited ones
+        included, and the children it has reaped. None when it is gone."""
+        try:
+            st = self._read(f"{self.root}/{pid}/stat", cache)
+            fields = st[st.rfind(")") + 2:].split()
+            return int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def numa_pages(self, pid: int) -> dict[int, int]:
+        """Pages per NUMA node summed over the mappings of /proc/PID/numa_maps."""
+        raw = self._read_all(f"{self.root}/{pid}/numa_maps")
+        if raw is None:
+            return {}
+        sums: dict[bytes, int] = {}
         # findall on the raw bytes: a quarter of a match loop's time on a large process's maps
-        for node, pages in _NODE_RE.findall(b"".join(chunks)):
+        for node, pages in _NODE_RE.findall(raw):
             sums[node] = sums.get(node, 0) + int(pages)
         return {int(n): c for n, c in sums.items()}
 
+    def numa_mappings(self, pid: int) -> tuple[dict[int, int], dict[tuple, dict[int, int]]]:
+        """/proc/PID/numa_maps split in two: (the pages per node of the process's own memory, {segment:
+        its pages per node} for each shared-memory mapping (a PostgreSQL server's shared buffers, POSIX
+        and System V segments, memfds), which several processes of a tree map). A segment is named by
+        its address and file: a server maps its shared memory before it forks, so its children map it
+        at the same address. (Libraries' pages are shared too, but small next to a database's memory:
+        they stay with each process, which keeps this to one pass over the file.)"""
+        raw = self._read_all(f"{self.root}/{pid}/numa_maps")
+        if raw is None:
+            return {}, {}
+        private: dict[int, int] = {}
+        for node, pages in _NODE_RE.findall(raw):  # everything, then the shared segments taken out
+            private[int(node)] = private.get(int(node), 0) + int(pages)
+        shared: dict[tuple, dict[int, int]] = {}
+        for start, file, rest in _SHM_LINE_RE.findall(raw):
+            nodes = shared.setdefault((int(start, 16), file.decode(errors="replace")), {})
+            for n, c in _NODE_RE.findall(rest):
+                n, c = int(n), int(c)
+                nodes[n] = nodes.get(n, 0) + c
+                private[n] -= c
+        return private, shared
+
+    def tree_pages(self, pids) -> dict[int, int]:
+        """Resident pages per node of a process tree, each page counted once (tree_pages())."""
+        return tree_pages([self.numa_mappings(p) for p in pids])
+
 
 _NODE_RE = re.compile(rb" N(\d+)=(\d+)")  # tokens are space-separated; the first is an address
+# a line of numa_maps mapping shared memory: anonymous shared (/dev/zero), System V (/SYSV...), POSIX
+# (/dev/shm/...) or a memfd: (address, file, the rest of the line)
+_SHM_LINE_RE = re.compile(rb"^([0-9a-f]+) \S+ file=(/dev/zero\S*|/SYSV\S*|/dev/shm/\S*|/memfd:\S*)( [^\n]*)$", re.M)
+
+
+def tree_pages(per_process: list[tuple[dict[int, int], dict[tuple, dict[int, int]]]]) -> dict[int, int]:
+    """Pages per NUMA node of a process tree (the adaptive mode's priority queue) from each
+    process's (private, shared) pages (ProcFS.numa_mappings): private memory summed over the
+    processes; a shared object (a postmaster's shared buffers that every backend maps, a library)
+    counted once, with per node the most any one process has mapped (a lower bound of their
+    union: numa_maps counts the pages in each process's own page tables, not which ones)."""
+    total: dict[int, int] = {}
+    objects: dict[tuple, dict[int, int]] = {}
+    for private, shared in per_process:
+        for n, c in private.items():
+            total[n] = total.get(n, 0) + c
+        for obj, nodes in shared.items():
+            seen = objects.setdefault(obj, {})
+            for n, c in nodes.items():
+                if c > seen.get(n, 0):
+                    seen[n] = c
+    for nodes in objects.values():
+        for n, c in nodes.items():
+            total[n] = total.get(n, 0) + c
+    return {n: c for n, c in sorted(total.items()) if c > 0}
 
 
 def cgroup_tasks(path: str) -> list[int]:
@@ -312,3 +380,16 @@ def traffic_availability(sysfs_root: str = "/sys") -> tuple[bool, str]:
                        f"{what} on this machine")
     return False, (f"not measured: memory-controller PMUs found ({', '.join(sorted(memctl)[:4])}) but reading "
                    "remote/local traffic from them is not implemented yet; use --metric cpu")
+
+
+def tree_cpu_seconds(pid: int, proc: str = "/proc") -> float | None:
+    """CPU seconds a process tree has used so far, exited members included: for every live process
+    of the tree (pid and its descendants) its own user + system time and its reaped children's
+    (cutime + cstime: a postmaster that reaps a backend adds the backend's time to its own). None
+    when pid is gone."""
+    table = procs.scan(proc)
+    if pid not in table:
+        return None
+    fs = ProcFS(proc)
+    ticks = [fs.cpu_ticks(p) for p in [pid, *procs.descendants([pid], table)]]
+    return sum(t for t in ticks if t is not None) / CLK_TCK  # one gone meanwhile: its parent has it once reaped

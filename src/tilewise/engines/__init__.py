@@ -19,6 +19,7 @@ REGISTRY: Registry[EngineSpec] = Registry("engine", "tilewise.engines", {
     "duckdb": "tilewise.engines.duckdb",
     "spark": "tilewise.engines.spark",
     "trino": "tilewise.engines.trino",
+    "postgres": "tilewise.engines.postgres",
     "clickhouse": "tilewise.engines.clickhouse",
 })
 # the engine a command uses when none is named: benchmarks run embedded DuckDB; `up` starts the

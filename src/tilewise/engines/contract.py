@@ -49,6 +49,11 @@ class Capabilities:
     reads: tuple[str, ...] = ()
     # a running deployment can switch a table to another copy of it (Runtime.switch_table): cracking
     switch: bool = False
+    # an allocator the engine links in itself (ClickHouse: jemalloc); None: it uses the C library's
+    # malloc, which a preloaded allocator (LD_PRELOAD) replaces. An engine with its own allocator
+    # aborts when another one is preloaded (memory one allocates, the other frees), so `tune
+    # --engine` sweeps no allocators for it and says why
+    linked_allocator: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,14 @@ class EngineSpec:
     def sql(self, text: str, query: Query) -> str:
         """The text this engine runs for a benchmark query (its dialect hook applied, if any)."""
         return self.dialect(text, query) if self.dialect is not None else text
+
+    def check_allocator(self, allocator: str, option: str = "--allocator") -> None:
+        """A UsageError when `allocator` would be preloaded into an engine that links its own
+        (capabilities.linked_allocator): the process would abort."""
+        own = self.capabilities.linked_allocator
+        if own and allocator != "system":
+            raise UsageError(f"{self.title} links its own allocator ({own}): preloading {allocator} into it makes it "
+                             "abort (memory one allocator hands out, the other frees)", f"use {option} system")
 
     def check_reads(self, dataset: Dataset | None) -> None:
         """A UsageError when the data set has a layout or raw tables (they are read in place) in a
@@ -245,7 +258,10 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def status(self) -> list[InstanceStatus]:
-        """Per plan instance: pid, binding read back from /proc, health (a crashed instance is unhealthy)."""
+        """Per plan instance: pid, binding read back from /proc, health (a crashed instance is unhealthy).
+        The pid is the root of the instance's process tree: every process of the instance is it or a
+        descendant (a server's backends and workers), which is what `bench elastic`, `elastic
+        --instances` and `tune --engine` manage and verify."""
 
     def info(self, instance: int) -> dict:
         """The engine's settings of one instance as results record them: threads, memory_mb, load_s;

@@ -137,6 +137,20 @@ class Member:
         return f"exited with status {rc}"
 
 
+# a run's own directory holds Unix sockets (sun_path: 108 bytes); below this length the temporary
+# directory leaves room for them
+SHORT_TMP = 64
+
+
+def scratch_base(tmp: str | None = None) -> str:
+    """Where a run's own directory goes: the temporary directory ($TMPDIR), or /tmp when that is too
+    long for the sockets inside it (a long TMPDIR must not make a benchmark fail)."""
+    tmp = tmp or tempfile.gettempdir()
+    if len(tmp) > SHORT_TMP and os.access("/tmp", os.W_OK | os.X_OK):
+        return "/tmp"
+    return tmp
+
+
 def rc_text(rc: int) -> str:
     if rc < 0:
         try:
@@ -261,7 +275,7 @@ class ProcessCluster(Runtime):
         per instance (the spec's memory knob for this machine unless given)."""
         ensure_runnable(plan)
         if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix=f"tilewise-{self.engine}-"))
+            self.root = Path(tempfile.mkdtemp(prefix=f"tilewise-{self.engine}-", dir=scratch_base()))
         self.root.mkdir(parents=True, exist_ok=True)
         self.plan = plan
         self.joined = bool(join)

@@ -255,7 +255,8 @@ class ReplicaServers(ProcessCluster):
                 path = sockdir / f"instance-{inst.id}.sock"
                 if len(str(path)) > SOCKET_MAX:
                     raise UsageError(f"the socket path {path} is longer than {SOCKET_MAX} bytes",
-                                     "set TILEWISE_CLUSTER_DIR to a shorter directory")
+                                     "set TILEWISE_CLUSTER_DIR to a shorter directory" if self.detach else
+                                     "set TMPDIR to a shorter directory")
                 argv = [sys.executable, "-m", self.server_module, "--socket", str(path)]
                 if memory_mb.get(inst.id):
                     argv += ["--memory-mb", str(memory_mb[inst.id])]

@@ -8,7 +8,8 @@ t; None with fewer than two values; cut at 0 for non-negative quantities) and th
 |z| > 3.5, from the median absolute deviation; none are flagged with fewer than four values);
 ``summarize(values, percentiles=(95, 99))`` adds "p95" and "p99" (``percentile``).
 ``ratio_ci(a, b)`` is the 95 % interval of the ratio of the geometric means of two samples
-(Welch's t on the logarithms), for before/after comparisons.
+(Welch's t on the logarithms), for before/after comparisons; ``mean_ratio_ci`` the mean of such
+ratios over the queries of a workload (the tuner's "average latency change").
 """
 
 from __future__ import annotations
@@ -133,22 +134,86 @@ def geomean(xs: Sequence[float | None]) -> float | None:
     return math.exp(sum(math.log(y) for y in ys) / len(ys))
 
 
-def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict | None:
-    """b relative to a: the ratio of geometric means gm(b)/gm(a) with a 95 % interval (Welch's t on
-    log values). The interval is None unless both samples have two or more positive values."""
+def _log_diff(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float] | None:
+    """(mean log b - mean log a, its variance, Welch's degrees of freedom); the variance and df are
+    None-like (nan) unless both samples have two or more positive values; None without values."""
     la = [math.log(x) for x in _finite(a) if x > 0]
     lb = [math.log(x) for x in _finite(b) if x > 0]
     if not la or not lb:
         return None
     diff = statistics.fmean(lb) - statistics.fmean(la)
-    out = {"ratio": math.exp(diff), "ci95": None}
-    if len(la) >= 2 and len(lb) >= 2:
-        va, vb = statistics.variance(la) / len(la), statistics.variance(lb) / len(lb)
-        se = math.sqrt(va + vb)
-        if se == 0:
-            out["ci95"] = [out["ratio"], out["ratio"]]
-        else:
-            df = (va + vb) ** 2 / ((va * va) / (len(la) - 1) + (vb * vb) / (len(lb) - 1))
-            half = t975(max(1.0, df)) * se
-            out["ci95"] = [math.exp(diff - half), math.exp(diff + half)]
+    if len(la) < 2 or len(lb) < 2:
+        return diff, math.nan, math.nan
+    va, vb = statistics.variance(la) / len(la), statistics.variance(lb) / len(lb)
+    if va + vb == 0:
+        return diff, 0.0, math.inf
+    df = (va + vb) ** 2 / ((va * va) / (len(la) - 1) + (vb * vb) / (len(lb) - 1))
+    return diff, va + vb, df
+
+
+def _interval(diff: float, var: float, df: float) -> list[float] | None:
+    if math.isnan(var):
+        return None
+    half = t975(max(1.0, df)) * math.sqrt(var) if var > 0 else 0.0
+    return [math.exp(diff - half), math.exp(diff + half)]
+
+
+def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict | None:
+    """b relative to a: the ratio of geometric means gm(b)/gm(a) with a 95 % interval (Welch's t on
+    log values). The interval is None unless both samples have two or more positive values."""
+    d = _log_diff(a, b)
+    if d is None:
+        return None
+    return {"ratio": math.exp(d[0]), "ci95": _interval(*d)}
+
+
+def mean_ratio_ci(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict | None:
+    """The mean change over several quantities measured before (a) and after (b) in rounds, e.g. the
+    queries of a workload under two configurations, each list in round order (run r of every
+    quantity belongs to round r): the geometric mean of the per-quantity ratios gm(b_i)/gm(a_i),
+    with a 95 % interval over the rounds. A round is one replication: the runs of one round share
+    what the machine was doing then (a burst of other work slows all of them), so the quantities
+    of a round are not independent samples; each round's mean log time over the quantities is one
+    observation, and the interval is Welch's t on those (n = the rounds of each sample). The
+    quantities themselves are the workload, not a sample of queries: their differences from one
+    another are not noise. The interval is None with fewer than two complete rounds on a side."""
+    parts = [_log_diff(a, b) for a, b in pairs]
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    diff = sum(p[0] for p in parts) / len(parts)
+    out = {"ratio": math.exp(diff), "ci95": None, "n": len(parts)}
+    ra, rb = _round_means([a for a, _ in pairs]), _round_means([b for _, b in pairs])
+    if len(ra) < 2 or len(rb) < 2:
+        return out
+    va, vb = statistics.variance(ra) / len(ra), statistics.variance(rb) / len(rb)
+    if va + vb == 0:
+        out["ci95"] = [out["ratio"], out["ratio"]]
+        return out
+    df = (va + vb) ** 2 / ((va * va) / (len(ra) - 1) + (vb * vb) / (len(rb) - 1))
+    out["ci95"] = _interval(diff, va + vb, df)
     return out
+
+
+def _round_means(samples: Sequence[Sequence[float]]) -> list[float]:
+    """Per round (the r-th value of every sample), the mean log value over the samples; only rounds
+    every sample has a positive value for."""
+    logs = [[math.log(x) if x is not None and x > 0 and math.isfinite(x) else None for x in s] for s in samples]
+    rounds = min((len(s) for s in logs), default=0)
+    out = []
+    for r in range(rounds):
+        vals = [s[r] for s in logs]
+        if all(v is not None for v in vals):
+            out.append(statistics.fmean(vals))
+    return out
+
+
+def compare_set(before: dict[str, Sequence[float]], after: dict[str, Sequence[float]]) -> dict:
+    """A set of quantities (the queries of a workload) after against before: per quantity the
+    ratio_ci, their mean_ratio_ci, and which ones are significantly faster (interval below 1) or
+    slower (above 1). Quantities are those of `before`."""
+    per = {k: ratio_ci(v, after.get(k, ())) for k, v in before.items()}
+    mean = mean_ratio_ci([(v, after.get(k, ())) for k, v in before.items()])
+    faster = [k for k, r in per.items() if r and r["ci95"] and r["ci95"][1] < 1]
+    slower = [k for k, r in per.items() if r and r["ci95"] and r["ci95"][0] > 1]
+    return {"per_query": per, "mean": mean, "faster": faster, "slower": slower}

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from tilewise.benchmarks.spec import Data, DataCheck, scale_factor
-from tilewise.data import Dataset, store
+from tilewise.data import Dataset, Keys, store
 from tilewise.errors import TilewiseError
 
 TITLE = "TPC-DS"
@@ -79,6 +79,9 @@ PRIMARY_KEYS = {
     "web_page": ("wp_web_page_sk",), "web_returns": ("wr_item_sk", "wr_order_number"),
     "web_sales": ("ws_item_sk", "ws_order_number"), "web_site": ("web_site_sk",),
 }
+# what engines that build indexes may build on (the primary keys; its foreign keys are not declared:
+# the surrogate keys of a fact row may be NULL, and TPC-DS's queries join on them either way)
+KEYS = Keys(primary=tuple(PRIMARY_KEYS.items()))
 # Each return belongs to a sale of the same item (the ticket or order number and the item).
 RETURNS_OF = {
     "store_returns": ("store_sales", ("sr_item_sk", "sr_ticket_number"), ("ss_item_sk", "ss_ticket_number")),
@@ -88,7 +91,7 @@ RETURNS_OF = {
 
 
 def _dataset(sf: float, d: Path) -> Dataset:
-    return Dataset("tpcds", sf, Path(d), title=TITLE, table_names=TABLES)
+    return Dataset("tpcds", sf, Path(d), title=TITLE, table_names=TABLES, keys=KEYS)
 
 
 def default_root() -> Path:

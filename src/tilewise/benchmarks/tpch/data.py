@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from tilewise.benchmarks.spec import Data, scale_factor
-from tilewise.data import TABLES, Dataset, raw, store, table_paths  # noqa: F401 - table_paths is part of this module's API
+from tilewise.data import TABLES, TPCH_KEYS, Dataset, raw, store, table_paths  # noqa: F401 - table_paths is part of this module's API
 
 TITLE = "TPC-H"
 
@@ -79,7 +79,8 @@ def ensure_data(sf: float, data_dir: str | Path | None = None, *, log=None, prog
 
 def dataset(sf: float, data_dir: str | Path | None = None, *, log=None, progress=None) -> Dataset:
     """The TPC-H data set at scale factor sf, generated first if needed."""
-    return Dataset("tpch", check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress), title=TITLE)
+    return Dataset("tpch", check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress), title=TITLE,
+                   keys=TPCH_KEYS)
 
 
 def raw_dataset(sf: float, fmt: str = "csv", data_dir: str | Path | None = None, *, log=None) -> Dataset:

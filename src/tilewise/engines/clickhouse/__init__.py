@@ -54,6 +54,9 @@ SPEC = EngineSpec(
     capabilities=Capabilities(replicas=True, refresh=True, join=False,
                               memory=MemoryKnob("ClickHouse's max_server_memory_usage", minimum_mb=256,
                                                 fraction=0.8, cap_mb=1 << 30),
+                              # ClickHouse links jemalloc: chdb aborts (free(): invalid pointer) under any
+                              # preloaded allocator (measured with jemalloc, tcmalloc, mimalloc, tbbmalloc)
+                              linked_allocator="jemalloc",
                               reads=("parquet", "csv", "tbl", "json"), switch=True),
     missing=missing,
     version=version,

@@ -62,6 +62,7 @@ REGISTRY = Registry("results kind", "tilewise.results", {
     "probe.memory": f"{_K}.memory",
     "workload": f"{_K}.workload",
     "tune": f"{_K}.tune",
+    "tune.engine": f"{_K}.tune_engine",
     "overhead": f"{_K}.overhead",
     "workload.tensor": f"{_K}.tensor",
     "probe.gpu": f"{_K}.gpu",
