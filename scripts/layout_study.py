@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The measurements of issue 24 (thesis 004, ch. 5 on one machine), as the exact tilewise commands.
 
-    python scripts/layout_study.py STEP --sf N [--out DIR] [--data-dir DIR] [--runs R] [--dry-run]
+    python scripts/layout_study.py STEP --sf N [--engine E] [--out DIR] [--data-dir DIR] [--runs R] [--dry-run]
 
-STEP (each writes results.json + CSV under OUT/<step>-sf<N>/, shown again by `tilewise report`):
+STEP (each writes results.json + CSV under OUT/<step>-sf<N>/, shown again by `tilewise report`;
+with --engine other than duckdb, OUT/<step>-<engine>-sf<N>/):
 
   formats   CSV (and TBL) as it is vs Parquet with one file per table: the whole TPC-H workload,
             time, bytes read from storage (page cache dropped per file before every run), CPU-seconds,
@@ -17,6 +18,7 @@ STEP (each writes results.json + CSV under OUT/<step>-sf<N>/, shown again by `ti
             (a CSV timeline: every query with its time and the copy lineitem was read from)
   tiles     Spark (and Trino, when installed) on 2 tiles: per K, how lineitem's files and row groups
             split over the tiles (predicted) and what each tile read (measured), Q1, Q6, Q14
+            (--engine does not apply: the step is about engines whose tiles share a scan)
   all       every step above
 
 --dry-run prints the commands without running them. Every command runs on a quiet machine only:
@@ -50,10 +52,15 @@ def run(cmd: list[str], dry: bool, env: dict | None = None) -> int:
     return rc
 
 
+def where(a, name: str) -> Path:
+    """OUT/<name>-sf<N>, with the engine in the name when it is not DuckDB (the default)."""
+    return Path(a.out) / (f"{name}-sf{a.sf:g}" if a.engine == "duckdb" else f"{name}-{a.engine}-sf{a.sf:g}")
+
+
 def layout(a, name: str, *extra: str) -> list[str]:
-    out = Path(a.out) / f"{name}-sf{a.sf:g}"
-    return [*TW, "data", "layout", "--benchmark", "tpch", "--sf", f"{a.sf:g}", "--runs", str(a.runs),
-            "--out", str(out), *(["--data-dir", a.data_dir] if a.data_dir else []), *extra]
+    return [*TW, "data", "layout", "--benchmark", "tpch", "--sf", f"{a.sf:g}", "--engine", a.engine,
+            "--runs", str(a.runs), "--out", str(where(a, name)), *(["--data-dir", a.data_dir] if a.data_dir else []),
+            *extra]
 
 
 def formats(a) -> int:
@@ -86,12 +93,12 @@ def tiles(a) -> int:
 def crack(a) -> int:
     """up on the raw TBL with --crack, then a loop of TPC-H queries until every table switched and
     `--after` more rounds; a CSV timeline and a summary."""
-    out = Path(a.out) / f"crack-sf{a.sf:g}"
+    out = where(a, "crack")
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TILEWISE_CLUSTER_DIR=str(out / "clusters"))
     name = "crackstudy"
     # a store of its own: copies the other steps made are not reused, every table is transformed
-    up = [*TW, "up", "--engine", "duckdb", "--policy", a.policy, "--sf", f"{a.sf:g}", "--raw", "tbl",
+    up = [*TW, "up", "--engine", a.engine, "--policy", a.policy, "--sf", f"{a.sf:g}", "--raw", "tbl",
           "--crack", f"parquet-{a.k}", "--layout-dir", str(out / "store"), "--name", name,
           *(["--data-dir", a.data_dir] if a.data_dir else [])]
     print(f"# then: a loop of queries {a.queries} on the cluster until every table switched, {a.after} more rounds")
@@ -151,6 +158,8 @@ def main() -> int:
     ap.add_argument("--out", default="results/layout-study")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--engine", default="duckdb", help="formats, chunks, sorted, crack: an engine that reads files in "
+                                                         "place (duckdb, clickhouse, spark)")
     ap.add_argument("--k", type=int, default=8, help="files per table for sorted/crack (default 8)")
     ap.add_argument("--policy", default="wim", help="crack: the deployment's policy")
     ap.add_argument("--queries", default="1,6,14", help="crack: the query loop")

@@ -1,6 +1,7 @@
-"""Cracking (`tilewise up --crack`): a DuckDB deployment starts on raw CSV and its tables are
-transformed in the background; a query loop keeps running, every answer is checked against the
-reference, and each table is seen switching to its copy; a cracker killed with SIGKILL in the
+"""Cracking (`tilewise up --crack`): a deployment starts on raw CSV and its tables are transformed in
+the background; a query loop keeps running, every answer is checked against the reference, and
+each table is seen switching to its copy (on every engine that reads files in place and switches
+a table: DuckDB, ClickHouse); a cracker killed with SIGKILL in the
 middle of a table leaves the raw data untouched and its partial copy unread, and a restart sweeps
 it and finishes. The background budget's decision is a pure function."""
 
@@ -33,8 +34,8 @@ def tpch_dir(tmp_path_factory):
     return d
 
 
-def _up(env, d, *extra):
-    cp = run_cli("up", "--engine", "duckdb", "--policy", "wim", "--sf", "0.01", "--data-dir", str(d), "--raw", "csv",
+def _up(env, d, *extra, engine="duckdb"):
+    cp = run_cli("up", "--engine", engine, "--policy", "wim", "--sf", "0.01", "--data-dir", str(d), "--raw", "csv",
                  "--name", "ck", *extra, env=env, timeout=300)
     assert cp.returncode == 0, cp.stderr
     return cp
@@ -70,12 +71,15 @@ def _sums(d: Path) -> dict[str, tuple[str, int]]:
             for p in sorted(d.glob("*.csv"))}
 
 
-def test_queries_keep_running_and_switch_to_each_checked_copy(tpch_dir, state_env):
+@pytest.mark.parametrize("engine", ["duckdb", "clickhouse"])
+def test_queries_keep_running_and_switch_to_each_checked_copy(tpch_dir, state_env, engine, tmp_path):
     from tilewise.bench.validate import Reference
     from tilewise.data import Dataset
 
     ref = Reference(Dataset.at(tpch_dir / "sf0.01", sf=0.01))
-    _up(state_env, tpch_dir, "--crack", "parquet-2", "--crack-pause", "0.4")
+    # a store of its own: every copy is made while the queries run (none is reused from another test)
+    _up(state_env, tpch_dir, "--crack", "parquet-2", "--crack-pause", "0.4", "--layout-dir", str(tmp_path / "store"),
+        engine=engine)
     try:
         seen, deadline = [], time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -132,6 +132,25 @@ def test_a_copy_is_made_once_checked_reused_and_remade_when_its_source_changes(t
     assert store.ensure(src2, L.CopySpec(3, 2048, "price")).source.rows == 5001
 
 
+def test_a_quoted_empty_field_is_an_empty_string_and_copies_read_otherwise_are_made_again(tmp_path):
+    """DuckDB's COPY writes '' as "" and NULL as nothing (JCC-H's s_comment holds ''): read back the same."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "t.csv").write_text('id,label\n1,""\n2,\n3,x\n')
+    src = raw.discover(d)["t"]
+    import duckdb
+
+    assert duckdb.sql(f"SELECT * FROM {raw.scan_sql(src)}").fetchall() == [(1, ""), (2, None), (3, "x")]
+    store = L.Store(tmp_path / "out")
+    made = store.ensure(src, L.CopySpec(1))
+    assert duckdb.sql(f"SELECT * FROM read_parquet({list(made.source.files)})").fetchall() == [(1, ""), (2, None), (3, "x")]
+    man_path = Path(made.source.files[0]).parent / L.TABLE_MANIFEST
+    man = json.loads(man_path.read_text())
+    del man["source"]["reader"]  # made by a reader that read "" as NULL
+    man_path.write_text(json.dumps(man))
+    assert store.lookup(src, L.CopySpec(1)) is None and store.ensure(src, L.CopySpec(1)).built
+
+
 def test_a_sort_column_that_does_not_exist_is_refused_naming_close_ones(tmp_path):
     _csv(tmp_path / "d")
     srcs = raw.discover(tmp_path / "d")

@@ -381,7 +381,8 @@ class Store:
                                         "free space there or pass --layout-dir DIR on a larger file system") from None
                 raise
             man = {"format": TABLE_FORMAT, "table": src.table, "copy": copy.to_json(), "name": copy.name,
-                   "source": {"format": src.format, "layout": src.layout, "identity": src.identity()}, **body}
+                   "source": {"format": src.format, "layout": src.layout, "identity": src.identity(),
+                              **({"reader": raw.READER} if src.text else {})}, **body}
             try:
                 atomic_write_json(tmp / TABLE_MANIFEST, man)
             except OSError as e:
@@ -455,6 +456,8 @@ def _valid(d: Path, man: dict, src: TableSource) -> bool:
     """A copy checks out: made from these very source files, and every file is as recorded."""
     try:
         if man["source"]["identity"] != src.identity():
+            return False
+        if src.text and man["source"].get("reader") != raw.READER:  # read from text another way: make it again
             return False
         import pyarrow.parquet as pq
 

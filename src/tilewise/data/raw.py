@@ -33,6 +33,10 @@ SCHEMA = "schema.json"
 SCHEMA_FORMAT = "tilewise-schema/1"
 IGNORED = {SCHEMA, "manifest.json"}
 TRAILING = "__tilewise_end"  # the empty field after a TBL line's last delimiter
+# how scan_sql reads text, recorded with every copy made from text (a copy read otherwise is made again):
+# 2 = an unquoted empty field is NULL, a quoted one ("") the empty string, as DuckDB's COPY writes them
+# (1 read both as NULL: JCC-H's empty s_comment values came back NULL, and Q2 was wrong)
+READER = 2
 
 
 class RawDataError(TilewiseError):
@@ -83,7 +87,8 @@ def scan_sql(src: TableSource) -> str:
         cols = cols + [(TRAILING, "string")]
     spec = "{" + ", ".join(f"{_lit(c)}: {_lit(duckdb_type(t))}" for c, t in cols) + "}"
     expr = (f"read_csv({files}, delim={_lit(src.delimiter)}, header={'true' if src.header else 'false'}, "
-            f"columns={spec}, auto_detect=false, strict_mode=true, quote='\"', escape='\"', nullstr='')")
+            f"columns={spec}, auto_detect=false, strict_mode=true, quote='\"', escape='\"', nullstr='', "
+            "allow_quoted_nulls=false)")
     if src.trailing:  # the empty field after the last delimiter is read and dropped
         names = ", ".join(_ident(c) for c, _ in src.columns)
         return f"(SELECT {names} FROM {expr})"

@@ -9,8 +9,12 @@ NULLs), and the others server.py lists with why. ClickHouse writes its Memory ta
 ALTER ... DELETE), so the TPC-H refresh functions run on every replica; it has no multi-statement
 transactions, so each server applies a function with its queries held back and undoes a function
 that fails halfway (server.py). Where ClickHouse's SQL still differs from a benchmark's text,
-dialect.py rewrites it (documented per query). chdb is an optional extra (about 0.9 GB installed):
-`pip install 'tilewise[clickhouse]'`, which `make setup` does. docs/clickhouse.md has the details.
+dialect.py rewrites it (documented per query). A data set with a layout or raw tables (Parquet, CSV,
+TBL, JSON lines) is read in place: a view per table over its files (files.py: text converted
+strictly to the source's column types), which cracking replaces when a table's new copy is ready
+(capabilities.reads, switch); no refresh functions then (files are not written). chdb is an
+optional extra (about 0.9 GB installed): `pip install 'tilewise[clickhouse]'`, which `make setup`
+does. docs/clickhouse.md has the details.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ SPEC = EngineSpec(
                                                 fraction=0.8, cap_mb=1 << 30),
                               # ClickHouse links jemalloc: chdb aborts (free(): invalid pointer) under any
                               # preloaded allocator (measured with jemalloc, tcmalloc, mimalloc, tbbmalloc)
-                              linked_allocator="jemalloc"),
+                              linked_allocator="jemalloc",
+                              reads=("parquet", "csv", "tbl", "json"), switch=True),
     missing=missing,
     version=version,
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries
