@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import re
 
-from tilewise.engines.dialects import Rewrites
+from tilewise.engines.dialects import Rewrites, integer_divisions
 from tilewise.sqlrewrite import Rule
 
 
@@ -74,16 +74,6 @@ def _settings(setting: str) -> Rule:
 
 
 TPCH = {"5": [_settings("query_plan_optimize_join_order_limit = 0")]}
-
-# statement: (the integer division as written, as `(left)/(right)`, and how often it occurs)
-_INTEGER_DIVISIONS = {
-    "21": (r"(inv_after) / (inv_before)", 1),
-    "34": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
-    "73": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
-    "78": (r"(round\(ss_qty)/(\()", 1),
-    "83": (r"(\w\w_item_qty)/(\(sr_item_qty\+cr_item_qty\+wr_item_qty\)/3\.0)", 3),
-}
-
 
 
 def _year_ratio(n: int) -> Rule:
@@ -99,7 +89,7 @@ def _name_v1_columns(m: re.Match) -> str:
 _V2_NAMES = Rule(r"(?s)(\bv2 as\(\s*select\s)(.*?)(\sfrom v1, v1 v1_lag\b)", _name_v1_columns, 1)
 
 TPCDS = {
-    **{q: [Rule(p, r"\1 DIV \2", n)] for q, (p, n) in _INTEGER_DIVISIONS.items()},
+    **integer_divisions("DIV"),
     "1": [Rule(r"\bSR_[A-Z_]+\b", lambda m: m.group(0).lower(), 1)],  # the column dsqgen drew
     "17": [Rule(r"stddev_samp\((\w+)\)", r"if(count(\1) > 1, stddev_samp(\1), NULL)", 6)],
     "4": [_year_ratio(4)],

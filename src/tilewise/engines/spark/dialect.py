@@ -15,23 +15,14 @@ TPC-DS (docs/tpcds.md, "Engines"):
 
 from __future__ import annotations
 
-from tilewise.engines.dialects import Rewrites
+from tilewise.engines.dialects import Rewrites, integer_divisions
 from tilewise.sqlrewrite import Rule
-
-# statement: (the integer division as written, as `(left)/(right)`, and how often it occurs)
-_INTEGER_DIVISIONS = {
-    "21": (r"(inv_after) / (inv_before)", 1),
-    "34": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
-    "73": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
-    "78": (r"(round\(ss_qty)/(\()", 1),
-    "83": (r"(\w\w_item_qty)/(\(sr_item_qty\+cr_item_qty\+wr_item_qty\)/3\.0)", 3),
-}
 
 # statement: how many double-quoted aliases it has
 _QUOTED_ALIASES = {"16": 3, "32": 1, "50": 5, "62": 5, "92": 1, "94": 3, "95": 3, "99": 5}
 
 TPCDS: dict[str, list[Rule]] = {
-    **{q: [Rule(p, r"\1 div \2", n)] for q, (p, n) in _INTEGER_DIVISIONS.items()},
+    **integer_divisions("div"),
     **{q: [Rule(r'\bas\s+"([^"]+)"', r"as `\1`", n)] for q, n in _QUOTED_ALIASES.items()},
 }
 
