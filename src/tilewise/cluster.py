@@ -152,16 +152,22 @@ def locked(name: str):
         raise UsageError(f"cannot use the cluster state directory {d}: {e.strerror}",
                          "set TILEWISE_CLUSTER_DIR to a writable directory") from None
     with fh:
-        deadline = time.monotonic() + 3.0  # a background helper (cracking) holds it for milliseconds at a time
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise UsageError(f"another tilewise up/down is working on cluster {name!r}", "wait for it") from None
-                time.sleep(0.05)
+        # a background helper (cracking) holds it for milliseconds at a time
+        _flock(fh, 3.0, UsageError(f"another tilewise up/down is working on cluster {name!r}", "wait for it"))
         yield
+
+
+def _flock(fh, timeout_s: float, busy: Exception) -> None:
+    """Take the exclusive lock on fh, waiting up to timeout_s; `busy` is raised when it stays taken."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise busy from None
+            time.sleep(0.05)
 
 
 def update(name: str, token: str, change, timeout_s: float = 60.0) -> bool:
@@ -175,15 +181,7 @@ def update(name: str, token: str, change, timeout_s: float = 60.0) -> bool:
     except OSError as e:
         raise TilewiseError(f"cannot use the cluster state directory {d}: {e.strerror}") from None
     with fh:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TilewiseError(f"cluster {name!r} stayed locked for {timeout_s:.0f} s") from None
-                time.sleep(0.05)
+        _flock(fh, timeout_s, TilewiseError(f"cluster {name!r} stayed locked for {timeout_s:.0f} s"))
         st = load(name)
         if st is None or st.token != token:
             return False
