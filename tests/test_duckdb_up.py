@@ -48,6 +48,11 @@ def test_up_status_query_elastic_down(env):
         assert q.returncode == 0, q.stderr
         qd = json.loads(q.stdout)
         assert qd["instance"] == inst.id and qd["columns"] == ["n", "q"] and qd["rows"][0][0] == 60175
+    # what does not fit memory_limit spills into the deployment's own directory (removed by down), not ./.tmp
+    spill = run_cli("query", "--name", "db", "--json", "SELECT current_setting('temp_directory') AS d",
+                    env=env, timeout=60)
+    assert spill.returncode == 0, spill.stderr
+    assert json.loads(spill.stdout)["rows"][0][0] == str(Path(d) / "db" / "work" / "instance-0" / "spill")
     text = run_cli("query", "--name", "db", "SELECT 6 * 7 AS answer", env=env, timeout=60)
     assert text.returncode == 0 and "42" in text.stdout and "on instance 0" in text.stdout
     bad = run_cli("query", "--name", "db", "SELECT * FROM nope", env=env, timeout=60)

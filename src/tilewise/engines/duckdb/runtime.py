@@ -10,6 +10,7 @@ from tilewise.engines.replicas import ReplicaServers
 class DuckDBServers(ReplicaServers):
     spec = SPEC
     server_module = "tilewise.engines.duckdb.server"
+    workdir = True  # DuckDB's spill files (temp_directory) live in the deployment's own directory, not in ./.tmp
 
     def refresh_statements(self, function: str, rset) -> list[str]:
         return refresh.statements(function, rset, self.dataset)

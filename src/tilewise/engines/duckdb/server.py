@@ -14,6 +14,7 @@ DuckDB extension type) so the rows equal fetchall()'s, ints included.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -40,8 +41,9 @@ def fetch_answer(cur, sql: str):
     return cols, head, rest
 
 
-def connect(threads: int, memory_mb: int | None = None):
-    """An in-memory database set up as every instance (and the plain baseline) uses it."""
+def connect(threads: int, memory_mb: int | None = None, spill_dir: str | None = None):
+    """An in-memory database set up as every instance (and the plain baseline) uses it. Without
+    spill_dir, DuckDB spills what does not fit memory_limit into ./.tmp of the working directory."""
     import duckdb
 
     con = duckdb.connect(":memory:")
@@ -49,6 +51,9 @@ def connect(threads: int, memory_mb: int | None = None):
     con.execute("SET arrow_lossless_conversion = true")  # HUGEINT as itself, not as decimal(38,0)
     if memory_mb:
         con.execute(f"SET memory_limit = '{int(memory_mb)}MB'")
+    if spill_dir:
+        quoted = str(spill_dir).replace("'", "''")
+        con.execute(f"SET temp_directory = '{quoted}'")
     return con
 
 
@@ -71,9 +76,9 @@ def attach_tables(con, sources: dict[str, dict]) -> dict[str, str]:
 
 
 class DuckDB(serve.Handler):
-    def __init__(self, threads: int, memory_mb: int | None) -> None:
+    def __init__(self, threads: int, memory_mb: int | None, workdir: str | None = None) -> None:
         super().__init__(threads, memory_mb)
-        self.con = connect(threads, memory_mb)
+        self.con = connect(threads, memory_mb, os.path.join(workdir, "spill") if workdir else None)
         self._attached: dict[str, str] = {}
 
     def load(self, tables: dict[str, str]) -> None:
