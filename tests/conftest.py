@@ -167,3 +167,12 @@ def jcch_sf01(tmp_path_factory):
     from tilewise.benchmarks.jcch import data as jcch
 
     return jcch.dataset(0.1, tmp_path_factory.mktemp("jcch-data"), seed=0)
+
+
+def elastic_groups() -> set[str]:
+    """The elastic daemons' groups (tilewise-elastic-<pid>-<random>) anywhere in the cgroup v1 cpuset tree."""
+    from tilewise.cgroups import mounts
+
+    root = mounts()["v1"]
+    return {os.path.join(r, d) for r, dirs, _ in os.walk(root) for d in dirs
+            if d.startswith("tilewise-elastic-")} if root else set()

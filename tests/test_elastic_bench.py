@@ -6,17 +6,9 @@ import os
 
 import pytest
 
-from conftest import run_cli, wait_gone
-from tilewise.cgroups import mounts
+from conftest import elastic_groups, run_cli, wait_gone
 from tilewise.elastic import experiment
 from tilewise.errors import UsageError
-
-
-def elastic_groups() -> set[str]:
-    """The elastic daemons' groups (tilewise-elastic-<pid>-<random>) anywhere in the cgroup v1 cpuset tree."""
-    root = mounts()["v1"]
-    return {os.path.join(r, d) for r, dirs, _ in os.walk(root) for d in dirs
-            if d.startswith("tilewise-elastic-")} if root else set()
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")

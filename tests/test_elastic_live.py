@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import run_cli
+from conftest import elastic_groups, run_cli
 from tilewise import topology
 from tilewise.elastic import daemon, enforce, modes, petri
 
@@ -54,16 +54,6 @@ def state_dir(tmp_path, monkeypatch):
 def cgroup_v1_writable():
     m = enforce.mounts()["v1"]
     return bool(m) and os.access(m, os.W_OK)
-
-
-def our_groups():
-    m = enforce.mounts()["v1"]
-    if not m:
-        return []
-    out = []
-    for root, dirs, _ in os.walk(m):
-        out += [os.path.join(root, d) for d in dirs if d.startswith("tilewise-elastic-")]
-    return out
 
 
 def make_daemon(pid, kind):
@@ -142,7 +132,7 @@ def test_sigterm_restores_and_removes(burner, state_dir, tmp_path):
     assert "Traceback" not in err
     assert os.sched_getaffinity(p.pid) == before
     assert enforce.task_cgroup(p.pid, 1) == group_before
-    assert not [g for g in our_groups() if f"-{d.pid}-" in g]
+    assert not [g for g in elastic_groups() if f"-{d.pid}-" in g]
     assert not list(state_dir.glob("*.json"))
     summary = json.loads(out)
     assert summary["stop_reason"] == "stopped by signal" and summary["restored"]
@@ -240,12 +230,12 @@ def test_kill_9_of_the_daemon_then_restore_undoes_it(burner, tmp_path, kind):
     d.communicate(timeout=30)
     assert len(os.sched_getaffinity(p.pid)) == 1 and list(state_dir_files())  # left as it was
     if kind == "cgroup":
-        assert [g for g in our_groups() if f"-{d.pid}-" in g]
+        assert [g for g in elastic_groups() if f"-{d.pid}-" in g]
     cp = run_cli("restore", "--json")
     assert cp.returncode == 0, cp.stderr
     [j] = json.loads(cp.stdout)["journals"]
     assert j["state"] == "restored" and j["owner"]["pid"] == d.pid
     assert os.sched_getaffinity(p.pid) == before
     assert enforce.task_cgroup(p.pid, 1) == group_before
-    assert not [g for g in our_groups() if f"-{d.pid}-" in g]
+    assert not [g for g in elastic_groups() if f"-{d.pid}-" in g]
     assert not list(state_dir_files())
