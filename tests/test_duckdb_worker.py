@@ -36,7 +36,7 @@ def test_plain_baseline_runs_the_given_sql_in_order(data_root, tmp_path):
     sql = [{"query": 6, "sql": queries.load(6)}, {"query": 1, "sql": queries.load(1)}]
     (tmp_path / "q.json").write_text(json.dumps(sql))
     for fetch in ("worker", "rows"):
-        cp = subprocess.run([sys.executable, "-m", "tilewise.engines.duckdb.plain", "--sf", "0.01", "--runs", "2",
+        cp = subprocess.run([sys.executable, "-m", "tilewise.bench.plain_duckdb", "--sf", "0.01", "--runs", "2",
                              "--data", str(data_root / "sf0.01"), "--sql", str(tmp_path / "q.json"), "--fetch", fetch,
                              "--cpus", "0", "--json"], capture_output=True, text=True, timeout=300)
         assert cp.returncode == 0, cp.stderr
@@ -48,7 +48,7 @@ def test_plain_baseline_runs_the_given_sql_in_order(data_root, tmp_path):
 
 
 def test_plain_baseline_says_when_data_is_missing(tmp_path):
-    cp = subprocess.run([sys.executable, "-m", "tilewise.engines.duckdb.plain", "--data", str(tmp_path)],
+    cp = subprocess.run([sys.executable, "-m", "tilewise.bench.plain_duckdb", "--data", str(tmp_path)],
                         capture_output=True, text=True, timeout=60)
     assert cp.returncode != 0 and "Error:" in cp.stderr and "region.parquet" in cp.stderr
 

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -18,9 +19,6 @@ from conftest import REPO
 SRC = Path(tilewise.__file__).resolve().parent.parent  # the tilewise these tests import
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
-# Circles that other branches of issue 18 remove. The lead deletes each entry after merging the
-# branch named; the test fails on a circle that is not listed AND on a listed one that is gone.
-KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 # The rule: function-local imports of tilewise modules only for CLI dispatch and heavy optional
 # third-party modules. Every module outside tilewise.cli imports the tilewise modules it uses at
@@ -30,9 +28,9 @@ LOCAL_IMPORTS_ALLOWED = {
     # loads a topology first, most of them this machine's (sysfs), and those two pull in an XML parser
     # and decimal (start-up time: scripts/bench_cli_speed.py; `elastic` must reach its admission check fast)
     "tilewise.topology",
-    # its own command line (`python -m tilewise.engines.duckdb.plain`, the harness-overhead baseline,
+    # its own command line (`python -m tilewise.bench.plain_duckdb`, the harness-overhead baseline,
     # "no tilewise in the loop"): it imports as little of tilewise as the options it is given need
-    "tilewise.engines.duckdb.plain",
+    "tilewise.bench.plain_duckdb",
 }
 
 
@@ -53,11 +51,7 @@ def _circles(package: str) -> set[frozenset[str]]:
 
 def test_there_is_no_import_circle_in_src():
     found = _circles("tilewise")
-    new = found - KNOWN_CIRCLES
-    gone = KNOWN_CIRCLES - found
-    assert not new, "import circles: " + "; ".join(" <-> ".join(sorted(c)) for c in new)
-    assert not gone, "no longer circles (delete them from KNOWN_CIRCLES): " + "; ".join(
-        " <-> ".join(sorted(c)) for c in gone)
+    assert not found, "import circles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
 
 
 def test_a_circle_through_a_function_local_import_is_found(tmp_path, monkeypatch):
@@ -97,3 +91,11 @@ def test_outside_the_command_line_tilewise_is_imported_at_module_level_only():
     assert local == [], "function-local imports of tilewise modules: " + ", ".join(local)
     gone = LOCAL_IMPORTS_ALLOWED - {_module_of(line) for line in r["function_local_list"]}
     assert not gone, f"no function-local imports left in {', '.join(sorted(gone))}: delete from LOCAL_IMPORTS_ALLOWED"
+
+
+def test_engines_and_benchmarks_are_independent_layers_above_the_data():
+    layers = next(c for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+                  if c["id"] == "layers")["layers"]
+    at = {name.strip(): i for i, layer in enumerate(layers) for name in layer.replace(":", "|").split("|")}
+    assert "tilewise.engines | tilewise.benchmarks" in layers, "an engine never sees a benchmark, nor the reverse"
+    assert at["tilewise.engines"] == at["tilewise.benchmarks"] < at["tilewise.data"]

@@ -977,12 +977,6 @@ def _remove_locks_of(base: Path, j: Journal) -> None:
                     pass
 
 
-def restore_journal(path: Path, base: Path | None = None) -> UndoReport | None:
-    """Undo one journal whose owner is dead; None if there is nothing (left) to undo."""
-    rep = restore_one(path, base)
-    return rep.undo if rep.state in ("restored", "failed") else None
-
-
 def restore_one(path: Path, base: Path | None = None) -> JournalReport:
     base = base or path.parent.parent
     try:

@@ -31,7 +31,7 @@ def _nvml_session(per_gpu, done: str | None = None):
     try:
         import pynvml
     except ImportError:
-        return None, "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+        return None, "nvidia-ml-py is not installed (run `tilewise extras install tensor`)"
     try:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, _DriverNotLoaded, ...

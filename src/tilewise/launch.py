@@ -81,16 +81,14 @@ def journal_start(session: changes.Session, argv: Sequence[str]) -> str:
 
 
 def spawn(argv: Sequence[str], b: Binding | None = None, *, env: dict | None = None, die_with_parent: bool = True,
-          new_session: bool = True, journal: changes.Session | None = None, token: str | None = None,
+          journal: changes.Session | None = None, token: str | None = None,
           death_signal: int = signal.SIGKILL, **popen_kwargs) -> Child:
     """Start argv bound by b (None: left as inherited), in a session (and process group) of its own,
     carrying a token (fresh, or the one journal_start returned). journal: record the start there
     first (see journal_start). die_with_parent: the child gets death_signal when tilewise dies
     (SIGKILL; a server that cleans up after itself on another signal, PostgreSQL's SIGINT, names
-    that one). (new_session is accepted for old callers; it must stay True.)"""
+    that one)."""
     b = b or Binding(None)
-    if not new_session:
-        raise ValueError("every child gets a session of its own: new_session=False is not supported")
     if not argv:
         raise UsageError("no command given", "put it after --, e.g. tilewise exec ... -- python3 -c 'print(1)'")
     check_binding(b)

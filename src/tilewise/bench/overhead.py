@@ -3,7 +3,7 @@
 A round is two passes over the same data, the same SQL in the same order and the same CPUs (so
 the same thread count), each in a fresh process:
 
-- plain: ``python -m tilewise.engines.duckdb.plain`` (no tilewise in the loop);
+- plain: ``python -m tilewise.bench.plain_duckdb`` (no tilewise in the loop);
 - tilewise: ``tilewise bench tpch --engine duckdb --policies wim --streams 1`` (a single
   power-style stream; no refresh functions, which the plain pass does not run), through the whole
   harness: plan, the DuckDB runtime's bound server, validation.
@@ -240,7 +240,7 @@ def run(cfg: Config, rep: Reporter | None = None) -> dict:
             doc["rounds"].append(rnd)
             for side in sides:
                 if side == "plain":
-                    text = _run([sys.executable, "-m", "tilewise.engines.duckdb.plain", "--sf", f"{cfg.sf:g}",
+                    text = _run([sys.executable, "-m", "tilewise.bench.plain_duckdb", "--sf", f"{cfg.sf:g}",
                                  "--runs", str(cfg.runs), "--data", str(dataset.dir), "--sql", str(sql_file),
                                  "--fetch", cfg.plain_fetch, "--cpus", cpus, "--json"], plain_env, cfg.timeout_s,
                                 f"round {i} plain pass")

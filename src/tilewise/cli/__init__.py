@@ -16,7 +16,6 @@ import click
 from tilewise import __version__
 from tilewise import signals
 from tilewise.errors import TilewiseError
-from tilewise.signals import Terminated  # noqa: F401 - kept importable from here
 
 # name -> "module:attribute"; a new subcommand is one line here.
 COMMANDS = {
@@ -31,6 +30,7 @@ COMMANDS = {
     "join": "tilewise.cli.cluster:join_cmd",
     "query": "tilewise.cli.cluster:query_cmd",
     "engines": "tilewise.cli.engines:engines_cmd",
+    "extras": "tilewise.cli.engines:extras_cmd",
     "elastic": "tilewise.cli.elastic:elastic",
     "probe": "tilewise.cli.probe:probe",
     "workload": "tilewise.cli.workload:workload_cmd",

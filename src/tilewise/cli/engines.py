@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import click
 
-from tilewise import engines
+from tilewise import engines, parts
 from tilewise.cli.common import console, emit_json, json_option
 from tilewise.errors import TilewiseError, UsageError
 
@@ -104,10 +104,23 @@ class _RichProgress:
             self.err.print(f"tilewise: {text}", markup=False)
 
 
+def _has_install(s) -> bool:
+    return s.install is not None or s.part is not None
+
+
+def _downloads(s) -> bool:
+    """An install step that downloads a release into the cache: --version and --keep-tarball apply."""
+    return s.uninstall is not None
+
+
 def install_help() -> str:
-    steps = "; ".join(f"{s.name}: {s.install_help}" for s in engines.specs(lambda s: s.install is not None
-                                                                            and s.install_help))
-    return "The release to install" + (f" ({steps})." if steps else " (default: the engine's own).")
+    steps = "; ".join(f"{s.name}: {s.install_help}" for s in engines.specs(lambda s: _downloads(s) and s.install_help))
+    return "The release to install, for engines downloaded into the cache" + (f" ({steps})." if steps else ".")
+
+
+def install_list_help() -> str:
+    return "What each engine installs: " + "; ".join(
+        f"{s.name}: {s.install_help or 'nothing'}" for s in engines.specs(_has_install)) + "."
 
 
 def engine_rows() -> list[dict]:
@@ -124,12 +137,17 @@ def engine_rows() -> list[dict]:
     return rows
 
 
-def _installable(name: str):
+def _installable(name: str, ver: str | None, keep_tarball: bool):
     spec = engines.get(name)
-    if spec.install is None:
-        who = [s.name for s in engines.specs(lambda s: s.install is not None)]
+    if not _has_install(spec):
+        who = [s.name for s in engines.specs(_has_install)]
         raise UsageError(f"{spec.name!r} needs no install step here ({spec.missing() or 'it is ready'})",
                          f"engines with one: {', '.join(who) or 'none'}")
+    if not _downloads(spec):
+        for opt, given in (("--version", ver is not None), ("--keep-tarball", keep_tarball)):
+            if given:
+                raise UsageError(f"{opt} does not apply to {spec.name} (it installs packages, it downloads no release)",
+                                 f"drop {opt}")
     return spec
 
 
@@ -152,15 +170,27 @@ def list_cmd(as_json):
         out.print(f"{r['engine']:{width}} {'ready' if r['usable'] else 'missing: ' + r['missing']}", markup=False)
 
 
-@engines_cmd.command("install")
+class _InstallCommand(click.Command):
+    def get_help(self, ctx):
+        self.help = f"{self.__doc__ or ''}\n\n{install_list_help()}"
+        return super().get_help(ctx)
+
+
+@engines_cmd.command("install", cls=_InstallCommand)
 @click.argument("name")
 @click.option("--version", "ver", default=None, metavar="V", cls=LazyHelpOption, help_text=install_help)
 @click.option("--keep-tarball", is_flag=True, help="Keep the downloaded archive beside the unpacked server.")
 @json_option
 def install_cmd(name, ver, keep_tarball, as_json):
-    """Download and unpack an engine that is not a pip package into the user cache (checked, resumable)."""
-    spec = _installable(name)
-    doc = spec.install(ver, _RichProgress(quiet=as_json), keep_tarball)
+    """Install an engine the main job does not need: its Python packages into this environment, then
+    what is not a pip package (a Debian package, a server downloaded into the user cache, checked and
+    resumable). Nothing is installed twice."""
+    spec = _installable(name, ver, keep_tarball)
+    progress = _RichProgress(quiet=as_json)
+    python = parts.install(spec.part, progress.message) if spec.part is not None else []
+    doc = spec.install(ver, progress, keep_tarball) if spec.install is not None else {
+        "engine": spec.name, "notes": [f"{spec.name}: {spec.missing() or 'ready'}"]}
+    doc["python"] = python
     if as_json:
         emit_json(doc)
         return
@@ -184,3 +214,48 @@ def remove_cmd(name, ver, as_json):
         emit_json({"removed": gone})
         return
     console().print(f"removed {len(gone)} path(s)" + (f": {', '.join(gone)}" if gone else ""), markup=False)
+
+
+# ---- tilewise extras ... ---------------------------------------------------------------------
+
+def extras_help() -> str:
+    return "Extras: " + "; ".join(f"{p.name}: {p.what} ({p.size})" for p in parts.EXTRAS.values()) + "."
+
+
+class _ExtrasGroup(click.Group):
+    def get_help(self, ctx):
+        self.help = f"{self.__doc__ or ''}\n\n{extras_help()}"
+        return super().get_help(ctx)
+
+
+@click.group("extras", cls=_ExtrasGroup)
+def extras_cmd() -> None:
+    """Optional parts that are not engines (the main job needs none of them)."""
+
+
+@extras_cmd.command("list")
+@json_option
+def extras_list_cmd(as_json):
+    """Each extra, its size and whether it is installed."""
+    rows = [{"extra": p.name, "installed": not p.missing(), "missing": p.missing(), "size": p.size, "what": p.what}
+            for p in parts.EXTRAS.values()]
+    if as_json:
+        emit_json(rows)
+        return
+    out = console()
+    for r in rows:
+        state = "installed" if r["installed"] else f"not installed ({r['size']})"
+        out.print(f"{r['extra']:8} {state}: {r['what']}", markup=False)
+
+
+@extras_cmd.command("install")
+@click.argument("name")
+@json_option
+def extras_install_cmd(name, as_json):
+    """Install an extra's Python packages into this environment (nothing that is already there)."""
+    part = parts.extra(name)
+    done = parts.install(part, _RichProgress(quiet=as_json).message)
+    if as_json:
+        emit_json({"extra": part.name, "python": done})
+        return
+    console().print(f"{part.name}: " + (f"installed {', '.join(done)}" if done else "already installed"), markup=False)

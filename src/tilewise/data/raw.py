@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tilewise.data import Dataset, store
-from tilewise.data.sources import EXTENSIONS, TEXT_FORMATS, TableSource, arrow_type, parquet, type_name
+from tilewise.data.sources import EXTENSIONS, TableSource, arrow_type, parquet, type_name
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
 
@@ -328,10 +328,6 @@ def _plain(t: str, f) -> str:
     if pa.types.is_null(f.type):
         return "string"  # only NULLs seen: text is the type that holds anything
     return type_name(f.type)
-
-
-def is_text(src: TableSource) -> bool:
-    return src.format in TEXT_FORMATS
 
 
 # ---- raw sets: a benchmark's tables as text, cached like its Parquet ------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilewise.errors import TilewiseError
@@ -122,9 +122,6 @@ class TableSource:
             st = os.stat(f)
             out.append([str(f), st.st_size, st.st_mtime_ns])
         return out
-
-    def with_rows(self, rows: int) -> TableSource:
-        return replace(self, rows=int(rows))
 
     # ---- JSON (tables.json for servers, cluster state files, manifests) ----
     def to_json(self) -> dict:

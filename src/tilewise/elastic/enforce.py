@@ -67,10 +67,6 @@ class Enforcer:
         # last seen, how many more ticks look again]
         self.fresh: dict[int, list] = {}
 
-    @property
-    def journal_path(self):
-        return self.session.journal.path
-
     def lock_target(self) -> None:
         if self.target_pid:
             start = ProcId.of(self.target_pid, self.proc)

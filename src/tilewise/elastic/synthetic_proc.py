@@ -97,11 +97,6 @@ class SyntheticProc:
             else:
                 self._write_task(t, full=False)
 
-    def set_pages(self, pages: dict[int, int]) -> None:
-        self.pages = dict(pages)
-        for pid in self.pids:
-            _rewrite(self._p(pid, "numa_maps"), self._numa_maps(pid))
-
     def add_thread(self, pid: int | None = None) -> int:
         pid = self.pid if pid is None else pid
         tid = max(self.tasks) + 1

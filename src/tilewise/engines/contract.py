@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.splits import SplitRule
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.parts import Part
 
 if TYPE_CHECKING:  # only for annotations: the contract imports no engine and no data module
     from tilewise.data import Dataset
@@ -77,8 +78,10 @@ class EngineSpec:
     capabilities: Capabilities
     missing: Callable[[], str | None]  # why it cannot run here and exactly what to install; None: it can
     version: Callable[[], str]  # the version results record, e.g. "1.2.0" or "trino 476"
-    # its install step, for engines that are not pip packages: install(version, progress, keep_download)
+    # what `tilewise engines install NAME` installs: its Python packages (pyproject's extra, parts.Part),
+    # then its own install step for what is not a pip package: install(version, progress, keep_download)
     # -> a dict of what was installed (shown by `tilewise engines install`); uninstall(version) -> paths removed
+    part: Part | None = None
     install: Callable[..., dict] | None = None
     uninstall: Callable[..., list[str]] | None = None
     # what `engines install NAME --version` takes and what it downloads, for its help text, e.g.

@@ -42,7 +42,7 @@ from tilewise.engines.serve import READY, REFUSED, read_msg, write_msg
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
 
-READY_RE = re.compile(rf"(?:{READY}|tilewise duckdb server ready on) (\S+)")  # the second: servers of 0.x
+READY_RE = re.compile(rf"{READY} (\S+)")
 REFUSED_RE = re.compile(rf"^{re.escape(REFUSED)} (.*)$", re.M)
 SOCKET_MAX = 107  # sun_path holds 108 bytes including the NUL
 START_TIMEOUT_S = 300.0  # loading SF 10 takes a while on 2 cores

@@ -222,7 +222,7 @@ def main(argv: list[str]) -> int:
     try:
         out = measure(spec)
     except ImportError as e:
-        out = {"error": f"the tensor runtime is not installed ({e}); pip install 'tilewise[tensor]'"}
+        out = {"error": f"the tensor runtime is not installed ({e}); run `tilewise extras install tensor`"}
     print(json.dumps(out))
     return 0
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tilewise import devices
+from tilewise import devices, parts
 from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model
@@ -115,6 +115,7 @@ def describe(cfg: Config, reporter: Reporter | None = None) -> tuple[dict, objec
 def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     """The run; returns its results document (also given to reporter.done). A wrong answer is an
     error raised after the document is written and given to the reporter."""
+    parts.require(parts.EXTRAS["tensor"], f"workload {cfg.params.workload}")
     rep = reporter or Reporter()
     r = _prepare(cfg, rep, dry_run=False)
     p, t, kc, picked = cfg.params, r.setting.topo, r.config, r.picked

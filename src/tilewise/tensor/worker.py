@@ -327,7 +327,7 @@ def run(spec: dict) -> dict:
     try:
         import torch
     except ImportError as e:
-        raise WorkerError(f"the tensor runtime is not installed ({e}); pip install 'tilewise[tensor]'") from None
+        raise WorkerError(f"the tensor runtime is not installed ({e}); run `tilewise extras install tensor`") from None
     torch.set_num_threads(int(spec["threads"]))
     device = torch.device(spec["device"])
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tilewise import cpulist
-from tilewise.topology import tiers
+from tilewise.topology import firmware, tiers
 from tilewise.topology.model import Topology, human_bytes, summary_line  # noqa: F401 - part of this module's API
 
 
@@ -88,10 +88,34 @@ def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
     lines.extend(device_lines(t))
     for key, m in sorted(t.measurements.items()):
         lines.append(f"  Measured: {key} over {len(m['cpus'])} CPUs")
-    for name, attr in sorted(t.memattrs.items()):
-        lines.append(f"  Memory attribute {name}: {len(attr['values'])} value(s) (see --json)")
+    lines += memattr_lines(t)
     lines += tier_lines(t)
     return lines
+
+
+# hwloc's memory attributes, in the units the kernel and hwloc give them
+MEMATTR_UNITS = {"Latency": "ns", "ReadLatency": "ns", "WriteLatency": "ns", "Bandwidth": "MB/s",
+                 "ReadBandwidth": "MB/s", "WriteBandwidth": "MB/s", "Capacity": "bytes", "Locality": "PUs"}
+MEMATTR_SHOWN = 4  # values per attribute in the text (all of them in --json)
+
+
+def memattr_lines(t: Topology) -> list[str]:
+    """Each memory attribute (the firmware's HMAT figures as hwloc reads them, or measured ones): what
+    it measures and its first values per target node and initiator. The kernel's tiers are shown by
+    tier_lines instead."""
+    out = []
+    for name, attr in sorted(t.memattrs.items()):
+        if name == firmware.TIER_ATTR:
+            continue
+        unit = MEMATTR_UNITS.get(name.rsplit(":", 1)[-1].removeprefix("Measured"), "")
+        order = "lower is nearer" if attr.get("flags", 0) & firmware.LOWER_FIRST else "higher is better"
+        vals = attr["values"]
+        shown = "; ".join(f"node {v['target_node']}"
+                          + (f" from CPUs {cpulist.format(v['initiator_cpus'])}" if v.get("initiator_cpus") else "")
+                          + f": {v['value']}" for v in vals[:MEMATTR_SHOWN])
+        more = f"; {len(vals) - MEMATTR_SHOWN} more (see --json)" if len(vals) > MEMATTR_SHOWN else ""
+        out.append(f"  Memory attribute {name} ({', '.join(x for x in (unit, order) if x)}): {shown}{more}")
+    return out
 
 
 def device_lines(t: Topology) -> list[str]:

@@ -181,10 +181,6 @@ def customer_region_of_hash(h, s: Sizes):
     return np.asarray(h) // s.cust_block
 
 
-def supplier_region_of_hash(h, s: Sizes):
-    return np.asarray(h) // s.supp_block
-
-
 # ---- part / partsupp -------------------------------------------------------------------------
 
 def populous_parts(s: Sizes, hs: Hashes) -> np.ndarray:

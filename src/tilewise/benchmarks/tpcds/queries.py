@@ -50,10 +50,6 @@ def statements_of(template: int) -> tuple[str, ...]:
     return tuple(s for s in STATEMENTS if int(s.rstrip("ab")) == template)
 
 
-def template_of(statement: str) -> int:
-    return int(statement.rstrip("ab"))
-
-
 # ---- qualification ------------------------------------------------------------------------------
 
 def qualification_template(n: int, text: str, values: dict[str, str]) -> str:

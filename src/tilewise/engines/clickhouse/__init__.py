@@ -26,8 +26,11 @@ from importlib.metadata import version as dist_version
 from tilewise.engines.clickhouse.dialect import dialect
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.memory import MemoryKnob
+from tilewise.parts import Part
 
-INSTALL_HINT = "pip install 'tilewise[clickhouse]' (or make setup)"
+PART = Part("clickhouse", extra="clickhouse", group="engines", size="about 0.9 GB installed: chdb and chdb-core",
+            what="ClickHouse in-process (chdb): one bound server per instance")
+INSTALL_HINT = f"run `{PART.install_command()}` ({PART.size})"
 
 
 def missing() -> str | None:
@@ -60,6 +63,8 @@ SPEC = EngineSpec(
                               reads=("parquet", "csv", "tbl", "json"), switch=True),
     missing=missing,
     version=version,
+    part=PART,
+    install_help=PART.size,
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries
     endpoint_label="sockets in",
 )

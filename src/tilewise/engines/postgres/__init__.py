@@ -38,6 +38,9 @@ SPEC = EngineSpec(
                           minimum_mb=MEMORY_MIN_MB, fraction=MEMORY_FRACTION, cap_mb=1 << 30)),
     missing=missing,
     version=version,
+    part=home.PART,
+    install=home.install_step,
+    install_help=home.PART.size,
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries
     endpoint_label="files in",
 )

@@ -23,15 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilewise.errors import TilewiseError, UsageError
+from tilewise.parts import Part, apt_install, missing_debian
 
 BIN_VAR = "TILEWISE_POSTGRES_BIN"
 USER_VAR = "TILEWISE_POSTGRES_USER"
 DEFAULT_USER = "tilewise"
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
-INSTALL_HINT = ("install the server: apt-get install postgresql (the distribution's current major; `make setup` does), "
+PART = Part("postgres", extra="postgres", group="engines",
+            size="about 60 MB: Debian's postgresql (the distribution's current major) and the client psycopg",
+            what="PostgreSQL: one bound server per instance")
+INSTALL_HINT = (f"run `{PART.install_command()}` (Debian's postgresql, the distribution's current major), "
                 f"or set {BIN_VAR} to the directory holding postgres and initdb")
-USER_HINT = (f"create it (`make setup` does: useradd --system --user-group --no-create-home --shell /usr/sbin/nologin "
-             f"{DEFAULT_USER}) or set {USER_VAR} to an existing unprivileged user")
+USERADD = ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+           "--shell", "/usr/sbin/nologin", DEFAULT_USER]
+USER_HINT = (f"run `{PART.install_command()}` (as root it creates the system user: {' '.join(USERADD)}) "
+             f"or set {USER_VAR} to an existing unprivileged user")
 
 
 class PostgresError(TilewiseError):
@@ -86,7 +92,7 @@ def major() -> int:
 
 def client_missing() -> str | None:
     if importlib.util.find_spec("psycopg") is None:
-        return "the Python client psycopg is not installed (pip install 'tilewise[postgres]'; make setup does)"
+        return f"the Python client psycopg is not installed: {INSTALL_HINT}"
     return None
 
 
@@ -145,3 +151,28 @@ def run_as(euid: int | None = None, environ: dict | None = None, lookup=pwd.getp
         raise UsageError(f"PostgreSQL refuses to run as root, and {USER_VAR}={name} is root too",
                          f"set {USER_VAR} to an unprivileged user (default {DEFAULT_USER})")
     return RunAs(name, pw.pw_uid, pw.pw_gid, True)
+
+
+# ---- installing ---------------------------------------------------------------------------------------
+
+def install_step(version: str | None = None, progress=None, keep_download: bool = False) -> dict:
+    """After the client (the part): Debian's server, without the "main" cluster Debian would create and
+    start on port 5432 on a first install (tilewise starts its own servers), and, as root, the system
+    user the servers run as."""
+    say = progress.message if progress is not None else (lambda s: None)
+    debs = []
+    if missing_debian(["postgresql"]) and not os.environ.get(BIN_VAR):
+        if not Path("/etc/postgresql").is_dir():
+            debs += apt_install(["postgresql-common"], say)
+            subprocess.run(["pg_conftool", "/etc/postgresql-common/createcluster.conf", "set",
+                            "create_main_cluster", "off"], check=True, capture_output=True)
+        debs += apt_install(["postgresql"], say)
+    notes = [f"postgresql {server_version()}: {bindir()}"]
+    if os.geteuid() == 0 and not os.environ.get(USER_VAR):
+        try:
+            pwd.getpwnam(DEFAULT_USER)
+        except KeyError:
+            say(f"creating the system user {DEFAULT_USER} (PostgreSQL refuses to run as root)")
+            subprocess.run(USERADD, check=True, capture_output=True)
+        notes.append(f"servers run as {DEFAULT_USER}")
+    return {"engine": "postgres", "debian": debs, "notes": notes}

@@ -20,7 +20,7 @@ from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines import splits
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.spark.dialect import dialect
-from tilewise.engines.spark.home import spark_home
+from tilewise.engines.spark.home import PART, install_step, spark_home
 from tilewise.errors import TilewiseError
 
 
@@ -45,6 +45,9 @@ SPEC = EngineSpec(
                               reads=("parquet", "csv", "tbl", "json"), switch=True),
     missing=missing,
     version=version,
+    part=PART,
+    install=install_step,
+    install_help=PART.size,
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)
     endpoint_label="master",
     scan_split=splits.SPARK,

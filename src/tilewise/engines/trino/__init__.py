@@ -39,7 +39,7 @@ def install_step(version: str | None = None, progress=None, keep_download: bool 
            "java_problem": java_problem, "client": install.client_available()}
     doc["notes"] = [f"trino-server {doc['version']}: {path}", f"java: {java or java_problem}"]
     if not doc["client"]:
-        doc["notes"].append("python client missing: pip install 'tilewise[trino]'")
+        doc["notes"].append(f"python client missing: run `{install.PART.install_command()}` again")
     return doc
 
 
@@ -59,6 +59,7 @@ SPEC = EngineSpec(
                               reads=("parquet",)),  # CSV/TBL/JSON through the Hive connector: not yet
     missing=missing,
     version=version,
+    part=install.PART,
     install=install_step,
     uninstall=uninstall_step,
     install_help=(f"default {install.DEFAULT_VERSION}, or TILEWISE_TRINO_VERSION; the mirror serves 352, 356, 368, "

