@@ -100,7 +100,7 @@ def test_a_refused_connection_to_a_dead_server_says_how_it_ended(tmp_path):
 
 
 def test_a_long_tmpdir_does_not_make_the_sockets_too_long():
-    from tilewise.engines.procgroup import SHORT_TMP, scratch_base
+    from tilewise.dirs import SHORT_TMP, scratch_base
 
     assert scratch_base("/tmp") == "/tmp"
     long = "/tmp/" + "x" * 120

@@ -230,6 +230,7 @@ def test_hbm_is_no_far_tier(load):
 # ---- placement by tier in the planner, and its edge (weights, kernels, read-back) ------------------------
 
 from tilewise import binding, changes, plan as plan_mod, verification  # noqa: E402
+from tilewise import procs as tw_procs  # noqa: E402
 
 
 def test_plan_near_then_far_gives_each_socket_its_cxl_node(load):
@@ -338,7 +339,7 @@ def test_numa_maps_preferred_many_and_page_split(tmp_path):
         "5500 prefer (many):1,3 file=/usr/bin/python3 mapped=4 N0=4 kernelpagesize_kB=4\n")
     assert verification.read_task_policy(77, str(tmp_path)) == "prefer (many):1,3"
     assert verification.parse_policy("prefer (many):1,3") == ("prefer (many)", (1, 3))
-    assert verification.pages_per_node(77, str(tmp_path)) == {0: 4, 1: 202, 3: 100}
+    assert tw_procs.numa_pages(77, str(tmp_path)) == {0: 4, 1: 202, 3: 100}
     b = binding.Binding(None, "preferred-many", (1, 3))
     assert verification.expected_policy(b) == "prefer (many):1,3"
 

@@ -40,7 +40,7 @@ def test_every_child_gets_its_own_session_and_a_token():
         st = procs.stat(c.pid)
         assert st.pgrp == c.pid and st.session == c.pid
         assert c.ident == ProcId(c.pid, st.start)
-        assert procs.environ_has(c.pid, procs.SPAWN_VAR, c.token)
+        assert c.pid in procs.carrying(procs.SPAWN_VAR, [c.token], procs.scan())[c.token]
     finally:
         rep = procs.stop(c)
     assert rep.ok and [p["pid"] for p in rep.stopped] == [c.pid] and rep.stopped[0]["by"] == "SIGTERM"

@@ -11,7 +11,7 @@ import pytest
 
 from tilewise import plan, topology
 from tilewise.data import TABLES, Dataset
-from tilewise.engines import procgroup
+from tilewise.engines import memory
 from tilewise.engines.trino import cluster as tc
 from tilewise.engines.trino import hive as th
 from tilewise.errors import TilewiseError, UsageError
@@ -44,7 +44,7 @@ def test_heap_derived_from_node_memory_split_between_instances():
     mem = {n.id: n.memory_bytes for n in t.numa_nodes}
     win = tc.TrinoCluster.default_memory_mb(plan.plan(t, "win"), mem)
     wicp = tc.TrinoCluster.default_memory_mb(plan.plan(t, "wicp"), mem)
-    assert win[0] == int(mem[0] * procgroup.MEMORY_FRACTION / 2**20)
+    assert win[0] == int(mem[0] * memory.MEMORY_FRACTION / 2**20)
     assert all(abs(v - win[0] / 2) <= 1 for v in wicp.values())  # two instances share each node
     assert tc.coordinator_memory_mb(win) == tc.COORDINATOR_MAX_MB  # big nodes: capped
     assert tc.coordinator_memory_mb({0: 1024}) == tc.COORDINATOR_MIN_MB

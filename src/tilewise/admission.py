@@ -40,6 +40,7 @@ import pwd
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from tilewise import procs
 from tilewise.errors import UsageError
 
 CAP_SYS_NICE = 23
@@ -304,10 +305,8 @@ def parse_process(pid: int, status_text: str, stat_text: str | None = None) -> P
     ns = st.get("NSpid", "").split()
     kernel = False
     if stat_text:
-        rp = stat_text.rfind(")")
-        rest = stat_text[rp + 2:].split() if rp >= 0 else []
         try:
-            kernel = bool(int(rest[6]) & PF_KTHREAD)  # field 9: flags
+            kernel = bool(int(procs.stat_fields(stat_text)[procs.FLAGS]) & PF_KTHREAD)
         except (IndexError, ValueError):
             pass
     return Proc(pid, st.get("Name", "?"), uids[0], uids[1], uids[2], ppid,

@@ -7,6 +7,8 @@ The XDG base directories come from platformdirs; the rules on top of them are ti
 | state: undo journals and locks (``state_dir``) | ``$TILEWISE_STATE_DIR``; ``/run/tilewise`` for root (reset at boot, like everything recorded there); ``$XDG_RUNTIME_DIR/tilewise``; the user state directory (``$XDG_STATE_HOME/tilewise``, else ``~/.local/state/tilewise``) |
 | clusters: `tilewise up` state files, logs, work dirs (``cluster_dir``) | ``$TILEWISE_CLUSTER_DIR``; ``$XDG_RUNTIME_DIR/tilewise/clusters``; ``cache_dir("clusters")`` |
 | caches: data sets, engines' installs, the test guests' files (``cache_dir(kind)``) | the caller's own variable when it has one (``$TILEWISE_TRINO_HOME``, ``$TILEWISE_VM_CACHE``); ``$XDG_CACHE_HOME/tilewise/<kind>``, else ``~/.cache/tilewise/<kind>`` |
+| a run's own scratch directory: sockets, logs, spill, generator output (``scratch_base``) | the temporary directory (``$TMPDIR``), or ``/tmp`` when that is too long for the Unix sockets inside it |
+| scratch that is read like /proc, many times a second (``memory_base``) | ``/dev/shm`` where it is writable, else ``scratch_base()`` |
 
 An empty variable counts as unset; platformdirs, following the XDG spec, also ignores a relative
 ``$XDG_CACHE_HOME``/``$XDG_STATE_HOME``. ``$XDG_RUNTIME_DIR`` is taken as it is (platformdirs'
@@ -18,6 +20,7 @@ Nothing here creates a directory: each user creates (and reports failing to crea
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import platformdirs
@@ -63,3 +66,24 @@ def cache_dir(kind: str, *, override: str | None = None) -> Path:
     if override and (d := _env(override)):
         return Path(d)
     return platformdirs.user_cache_path(APP) / kind
+
+
+# a run's own directory holds Unix sockets (sun_path: 108 bytes); below this length the temporary
+# directory leaves room for them
+SHORT_TMP = 64
+
+
+def scratch_base(tmp: str | None = None) -> str:
+    """Where a run's own directory goes: the temporary directory ($TMPDIR), or /tmp when that is too
+    long for the sockets inside it (a long TMPDIR must not make a benchmark fail)."""
+    tmp = tmp or tempfile.gettempdir()
+    if len(tmp) > SHORT_TMP and os.access("/tmp", os.W_OK | os.X_OK):
+        return "/tmp"
+    return tmp
+
+
+def memory_base() -> str:
+    """tmpfs (/dev/shm) where there is one: scratch files read as often as /proc's are cheapest in
+    memory; else scratch_base()."""
+    d = "/dev/shm"
+    return d if os.path.isdir(d) and os.access(d, os.W_OK) else scratch_base()

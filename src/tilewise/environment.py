@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tilewise import __version__, cpulist
+from tilewise import __version__, cpulist, procs
 from tilewise.topology.render import to_json
 
 BUSY_CPU_PCT = 10.0  # another process above this share of one CPU is "busy"
@@ -124,23 +124,19 @@ def busy_processes(sample_s: float = 0.3, threshold: float = BUSY_CPU_PCT, exclu
     import psutil
 
     me = os.getpid()
-    skip = set(exclude or ()) | {me}
-    try:
-        skip |= {c.pid for c in psutil.Process(me).children(recursive=True)}
-    except psutil.Error:
-        pass
-    procs = []
+    skip = set(exclude or ()) | set(procs.tree_of(me))
+    watched = []
     for p in psutil.process_iter(["pid", "name"]):
         if p.pid in skip:
             continue
         try:
             p.cpu_percent(None)
-            procs.append(p)
+            watched.append(p)
         except psutil.Error:
             pass
     time.sleep(sample_s)
     out = []
-    for p in procs:
+    for p in watched:
         try:
             pct = p.cpu_percent(None)
         except psutil.Error:

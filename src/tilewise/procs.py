@@ -16,6 +16,7 @@ time was checked, so a reused pid is never signalled.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -113,15 +114,32 @@ def read_text(path: str) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+# /proc/PID/stat's fields after the command name, counted from 0 (proc(5) numbers them from 1: STATE
+# is its field 3, STARTTIME its field 22). Times are in clock ticks (TICKS_PER_S).
+STATE, PPID, PGRP, SESSION, FLAGS, UTIME, STIME, CUTIME, CSTIME, STARTTIME = 0, 1, 2, 3, 6, 11, 12, 13, 14, 19
+
+
+def stat_fields(text: str) -> list[str]:
+    """The fields of a /proc/PID/stat (or .../task/TID/stat) text after the command name, which sits
+    in parentheses and may itself contain ') '; [] when the text has no command name."""
+    rp = text.rfind(")")
+    return text[rp + 2:].split() if rp >= 0 else []
+
+
+def cpu_ticks(fields: list[str], *, reaped: bool = False) -> int:
+    """utime + stime of stat_fields (clock ticks); reaped: plus the children it has waited for."""
+    ticks = int(fields[UTIME]) + int(fields[STIME])
+    return ticks + (int(fields[CUTIME]) + int(fields[CSTIME]) if reaped else 0)
+
+
 def parse_stat(pid: int, text: str) -> Stat | None:
-    """/proc/PID/stat: the command name is in parentheses and may itself contain ') '."""
-    lp, rp = text.find("("), text.rfind(")")
-    if lp < 0 or rp < lp:
+    lp = text.find("(")
+    rest = stat_fields(text)
+    if lp < 0 or not rest:
         return None
-    rest = text[rp + 2:].split()
     try:
-        # fields after comm: 3 state, 4 ppid, 5 pgrp, 6 session, ... 22 starttime
-        return Stat(pid, text[lp + 1:rp], rest[0], int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]))
+        return Stat(pid, text[lp + 1:text.rfind(")")], rest[STATE], int(rest[PPID]), int(rest[PGRP]),
+                    int(rest[SESSION]), int(rest[STARTTIME]))
     except (IndexError, ValueError):
         return None
 
@@ -206,6 +224,20 @@ def scan(proc: str = "/proc") -> dict[int, Stat]:
     return out
 
 
+def cmdline(pid: int, proc: str = "/proc") -> list[str]:
+    """The process's arguments; [] when it is gone (or a kernel thread)."""
+    try:
+        return read_text(f"{proc}/{pid}/cmdline").rstrip("\0").split("\0")
+    except OSError:
+        return []
+
+
+def tree_of(pid: int, proc: str = "/proc", table: dict[int, Stat] | None = None) -> list[int]:
+    """pid and every live descendant of it, from one scan of the process table."""
+    table = scan(proc) if table is None else table
+    return sorted({pid} | descendants([pid], table)) if pid in table else []
+
+
 def descendants(roots, table: dict[int, Stat]) -> set[int]:
     """Pids of every descendant of `roots` (not the roots themselves), from one scan's parent links."""
     kids: dict[int, list[int]] = {}
@@ -233,16 +265,6 @@ def _env_value(env: bytes, var: str) -> bytes | None:
     return env[i + len(key):].split(b"\0", 1)[0]
 
 
-def environ_has(pid: int, var: str, token: str, proc: str = "/proc") -> bool:
-    """Whether the process was started with `var` containing `token` (colon-separated list)."""
-    try:
-        with open(f"{proc}/{pid}/environ", "rb") as f:
-            value = _env_value(f.read(), var)
-    except OSError:
-        return False
-    return value is not None and token.encode() in value.split(b":")
-
-
 def carrying(var: str, tokens, table: dict[int, Stat], proc: str = "/proc") -> dict[str, set[int]]:
     """token -> pids of live processes in `table` whose environment carries it (one read per process)."""
     tokens = set(tokens)
@@ -263,6 +285,48 @@ def carrying(var: str, tokens, table: dict[int, Stat], proc: str = "/proc") -> d
             if t in out:
                 out[t].add(pid)
     return out
+
+
+# ---- where a process's pages are (/proc/PID/numa_maps) ---------------------------------------------
+
+_NODE_RE = re.compile(rb" N(\d+)=(\d+)")  # tokens are space-separated; the first is an address
+# a line of numa_maps mapping shared memory: anonymous shared (/dev/zero), System V (/SYSV...), POSIX
+# (/dev/shm/...) or a memfd: (address, file, the rest of the line)
+_SHM_LINE_RE = re.compile(rb"^([0-9a-f]+) \S+ file=(/dev/zero\S*|/SYSV\S*|/dev/shm/\S*|/memfd:\S*)( [^\n]*)$", re.M)
+
+
+def numa_page_counts(raw: bytes) -> dict[int, int]:
+    """Pages per NUMA node summed over the mappings of a numa_maps text (pages of each mapping's own
+    size: the N<node>=<pages> counts)."""
+    sums: dict[bytes, int] = {}
+    # findall on the raw bytes: a quarter of a match loop's time on a large process's maps
+    for node, pages in _NODE_RE.findall(raw):
+        sums[node] = sums.get(node, 0) + int(pages)
+    return dict(sorted((int(n), c) for n, c in sums.items()))
+
+
+def numa_mappings(raw: bytes) -> tuple[dict[int, int], dict[tuple, dict[int, int]]]:
+    """A numa_maps text split in two: (the pages per node of the process's own memory, {segment: its
+    pages per node} for each shared-memory mapping (a PostgreSQL server's shared buffers, POSIX and
+    System V segments, memfds), which several processes of a tree map). A segment is named by its
+    address and file: a server maps its shared memory before it forks, so its children map it at the
+    same address. (Libraries' pages are shared too, but small next to a database's memory: they stay
+    with each process, which keeps this to one pass over the file.)"""
+    private = numa_page_counts(raw)  # everything, then the shared segments taken out
+    shared: dict[tuple, dict[int, int]] = {}
+    for start, file, rest in _SHM_LINE_RE.findall(raw):
+        nodes = shared.setdefault((int(start, 16), file.decode(errors="replace")), {})
+        for n, c in numa_page_counts(rest).items():
+            nodes[n] = nodes.get(n, 0) + c
+            private[n] -= c
+    return private, shared
+
+
+def numa_pages(pid: int, proc: str = "/proc") -> dict[int, int]:
+    """Where a process's pages are now: numa_page_counts of /proc/PID/numa_maps. OSError when it
+    cannot be read."""
+    with open(f"{proc}/{pid}/numa_maps", "rb") as f:
+        return numa_page_counts(f.read())
 
 
 # ---- process trees, and stopping them --------------------------------------------------------------

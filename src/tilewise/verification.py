@@ -105,20 +105,6 @@ def _policy_field(parts: list[str]) -> str:
     return parts[1]
 
 
-def pages_per_node(pid: int, proc: str = "/proc") -> dict[int, int]:
-    """Where a process's pages are: the N<node>=<pages> counts of /proc/PID/numa_maps, summed (pages of
-    each mapping's own size). OSError when it cannot be read."""
-    out: Counter = Counter()
-    with open(f"{proc}/{pid}/numa_maps") as f:
-        for line in f:
-            for word in line.split()[2:]:
-                if word.startswith("N") and "=" in word:
-                    node, _, count = word[1:].partition("=")
-                    if node.isdigit() and count.isdigit():
-                        out[int(node)] += int(count)
-    return dict(sorted(out.items()))
-
-
 def read_task_policy(pid: int, proc: str = "/proc") -> str:
     """The process's memory policy as numa_maps shows it for mappings without one of their own: the
     policy most mappings show. '' when numa_maps is empty; OSError when it cannot be read."""

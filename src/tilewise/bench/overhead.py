@@ -30,7 +30,6 @@ default it fetches exactly as the current server does: engines.duckdb.server.fet
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import statistics
@@ -84,17 +83,6 @@ def schedule(rounds: int, order: str, seed: int = 1) -> list[tuple[str, str]]:
     raise UsageError(f"unknown order {order!r}", "use --order abba or --order random")
 
 
-def ratio_ci(plain: list[float], tilewise: list[float]) -> dict:
-    """Paired per-round ratios tilewise/plain: geometric mean, 95 % t interval on the logs."""
-    if len(plain) != len(tilewise) or not plain:
-        raise ValueError("need the same number (>= 1) of plain and tilewise figures")
-    logs = [math.log(t / p) for p, t in zip(plain, tilewise)]
-    d = diff_ci(logs)
-    return {"n": len(logs), "ratios": [math.exp(x) for x in logs], "ratio": math.exp(d["mean"]),
-            "ci95": [math.exp(x) for x in d["ci95"]] if d["ci95"] else None,
-            "method": "geometric mean of per-round ratios; 95 % Student-t interval on their logarithms (df = n - 1)"}
-
-
 def verdict(ci: list[float] | None, goal: float) -> str:
     """Is the overhead at most `goal` (0.05 = 5 %)? Decided only when the interval is on one side."""
     if not ci:
@@ -104,12 +92,6 @@ def verdict(ci: list[float] | None, goal: float) -> str:
     if ci[0] > 1 + goal:
         return "shown missed"
     return "not decided"
-
-
-def diff_ci(xs: list[float]) -> dict:
-    """The mean of paired differences (or log ratios) and its 95 % t interval, never cut at 0."""
-    ci = stats.mean_ci(xs)
-    return {"mean": stats.summarize(xs)["mean"], "ci95": list(ci) if ci else None}
 
 
 def pass_figures(queries: dict[str, list[float]], walls: list[float]) -> dict:
@@ -129,14 +111,14 @@ def summarise(rounds: list[dict]) -> dict:
         return {"rounds": 0}
     plain = [r["plain"]["total_s"] for r in done]
     tw = [r["tilewise"]["total_s"] for r in done]
-    rc = ratio_ci(plain, tw)
+    rc = stats.paired_ratio_ci(plain, tw)
     qs = [q for q in done[0]["plain"]["query_median_s"] if q in done[0]["tilewise"]["query_median_s"]]
     per_q = {}
     for q in qs:
         d = [(r["tilewise"]["query_median_s"][q] - r["plain"]["query_median_s"][q]) * 1e3 for r in done]
         per_q[q] = {"plain_ms": statistics.median(r["plain"]["query_median_s"][q] * 1e3 for r in done),
                     "tilewise_ms": statistics.median(r["tilewise"]["query_median_s"][q] * 1e3 for r in done),
-                    "diff_ms": diff_ci(d)}
+                    "diff_ms": stats.paired_diff_ci(d)}
     outside = [(r["tilewise"]["outside_median_s"] - r["plain"]["outside_median_s"]) * 1e3 for r in done]
     return {
         "rounds": len(done), "ratio": rc,
@@ -145,7 +127,7 @@ def summarise(rounds: list[dict]) -> dict:
         "plain_total_s": statistics.median(plain), "tilewise_total_s": statistics.median(tw),
         "outside_queries_ms": {"plain": statistics.median(r["plain"]["outside_median_s"] * 1e3 for r in done),
                                "tilewise": statistics.median(r["tilewise"]["outside_median_s"] * 1e3 for r in done),
-                               "diff": diff_ci(outside)},
+                               "diff": stats.paired_diff_ci(outside)},
         "queries": per_q,
     }
 

@@ -15,14 +15,13 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 from tilewise.errors import TilewiseError
 from tilewise import procs
 from tilewise.procs import read_text
 
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+CLK_TCK = procs.TICKS_PER_S
 
 
 class OpenBudget:
@@ -138,9 +137,8 @@ class ProcFS:
             st = self._read(f"{self.root}/{pid}/stat", cache)
         except OSError:
             return False
-        # state is the field after the ")" closing comm; Z (zombie) and X (dead) are gone
-        state = st[st.rfind(")") + 2:st.rfind(")") + 3]
-        return state not in ("Z", "X", "")
+        fields = procs.stat_fields(st)
+        return bool(fields) and fields[procs.STATE] not in ("Z", "X")  # zombies and the dead are gone
 
     def tids(self, pid: int) -> list[int]:
         try:
@@ -183,9 +181,7 @@ class ProcFS:
             except (OSError, ValueError, IndexError):
                 return None
         try:
-            st = self._read(base + "/stat", cache)
-            fields = st[st.rfind(")") + 2:].split()
-            ns = (int(fields[11]) + int(fields[12])) * 1_000_000_000 // CLK_TCK, 0
+            ns = procs.cpu_ticks(procs.stat_fields(self._read(base + "/stat", cache))) * 1_000_000_000 // CLK_TCK, 0
         except (OSError, ValueError, IndexError):
             return None
         self.schedstat = False  # the task lives but has no schedstat: this kernel keeps none
@@ -243,54 +239,23 @@ class ProcFS:
         """utime + stime + cutime + cstime of a process (clock ticks): its threads, the exited ones
         included, and the children it has reaped. None when it is gone."""
         try:
-            st = self._read(f"{self.root}/{pid}/stat", cache)
-            fields = st[st.rfind(")") + 2:].split()
-            return int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+            return procs.cpu_ticks(procs.stat_fields(self._read(f"{self.root}/{pid}/stat", cache)), reaped=True)
         except (OSError, ValueError, IndexError):
             return None
 
     def numa_pages(self, pid: int) -> dict[int, int]:
-        """Pages per NUMA node summed over the mappings of /proc/PID/numa_maps."""
+        """Pages per NUMA node summed over the mappings of /proc/PID/numa_maps ({} when it is gone)."""
         raw = self._read_all(f"{self.root}/{pid}/numa_maps")
-        if raw is None:
-            return {}
-        sums: dict[bytes, int] = {}
-        # findall on the raw bytes: a quarter of a match loop's time on a large process's maps
-        for node, pages in _NODE_RE.findall(raw):
-            sums[node] = sums.get(node, 0) + int(pages)
-        return {int(n): c for n, c in sums.items()}
+        return {} if raw is None else procs.numa_page_counts(raw)
 
     def numa_mappings(self, pid: int) -> tuple[dict[int, int], dict[tuple, dict[int, int]]]:
-        """/proc/PID/numa_maps split in two: (the pages per node of the process's own memory, {segment:
-        its pages per node} for each shared-memory mapping (a PostgreSQL server's shared buffers, POSIX
-        and System V segments, memfds), which several processes of a tree map). A segment is named by
-        its address and file: a server maps its shared memory before it forks, so its children map it
-        at the same address. (Libraries' pages are shared too, but small next to a database's memory:
-        they stay with each process, which keeps this to one pass over the file.)"""
+        """procs.numa_mappings of /proc/PID/numa_maps: (own pages per node, {shared segment: pages per node})."""
         raw = self._read_all(f"{self.root}/{pid}/numa_maps")
-        if raw is None:
-            return {}, {}
-        private: dict[int, int] = {}
-        for node, pages in _NODE_RE.findall(raw):  # everything, then the shared segments taken out
-            private[int(node)] = private.get(int(node), 0) + int(pages)
-        shared: dict[tuple, dict[int, int]] = {}
-        for start, file, rest in _SHM_LINE_RE.findall(raw):
-            nodes = shared.setdefault((int(start, 16), file.decode(errors="replace")), {})
-            for n, c in _NODE_RE.findall(rest):
-                n, c = int(n), int(c)
-                nodes[n] = nodes.get(n, 0) + c
-                private[n] -= c
-        return private, shared
+        return ({}, {}) if raw is None else procs.numa_mappings(raw)
 
     def tree_pages(self, pids) -> dict[int, int]:
         """Resident pages per node of a process tree, each page counted once (tree_pages())."""
         return tree_pages([self.numa_mappings(p) for p in pids])
-
-
-_NODE_RE = re.compile(rb" N(\d+)=(\d+)")  # tokens are space-separated; the first is an address
-# a line of numa_maps mapping shared memory: anonymous shared (/dev/zero), System V (/SYSV...), POSIX
-# (/dev/shm/...) or a memfd: (address, file, the rest of the line)
-_SHM_LINE_RE = re.compile(rb"^([0-9a-f]+) \S+ file=(/dev/zero\S*|/SYSV\S*|/dev/shm/\S*|/memfd:\S*)( [^\n]*)$", re.M)
 
 
 def tree_pages(per_process: list[tuple[dict[int, int], dict[tuple, dict[int, int]]]]) -> dict[int, int]:

@@ -22,8 +22,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilewise import procs
+
 FIRST_ID = 10_000_000
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+CLK_TCK = procs.TICKS_PER_S
 
 
 @dataclass

@@ -17,14 +17,13 @@ time over the wall time (share of one core).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilewise import launch, procs, topology
+from tilewise import dirs, launch, procs, topology
 from tilewise.elastic import daemon, modes, petri
 from tilewise.elastic import enforce as enf
 from tilewise.elastic.metrics import ProcFS
@@ -93,7 +92,7 @@ def run_synthetic(topology_src: str, *, threads: int | None = None, processes: i
     pool = modes.make_pool(t, None, smt=False)
     n_threads = threads or len(t.pus)  # a DBMS sizes its pool from the CPUs it may use
     ticks = ticks or auto_ticks(pool.n_total)
-    with tempfile.TemporaryDirectory(prefix="tilewise-synproc-", dir=workdir or _memory_dir()) as tmp:
+    with tempfile.TemporaryDirectory(prefix="tilewise-synproc-", dir=workdir or dirs.memory_base()) as tmp:
         sp = SyntheticProc(Path(tmp), threads=n_threads, processes=processes,
                            nodes=max(1, len(t.cpu_nodes)), mappings=mappings)
         proc = ProcFS(tmp)
@@ -125,13 +124,6 @@ def run_synthetic(topology_src: str, *, threads: int | None = None, processes: i
         "max_cores_allocated": most,
         "budget_ms": budget_ms(len(t.pus)), "verdict": verdict(st, budget_ms(len(t.pus))),
     }
-
-
-def _memory_dir() -> str | None:
-    """tmpfs (/dev/shm) where there is one: an in-memory file system, like /proc; a disk file system
-    makes every read after the generator's rewrite several times dearer than /proc's."""
-    d = "/dev/shm"
-    return d if os.path.isdir(d) and os.access(d, os.W_OK) else None
 
 
 # ---- a real target on this machine ------------------------------------------------------------

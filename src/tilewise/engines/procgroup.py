@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tilewise import changes, cpulist, launch, procs, verification
+from tilewise import changes, cpulist, dirs, launch, procs, verification
 from tilewise.binding import Binding, ensure_runnable
 from tilewise.data.sources import TableSource
 from tilewise.engines.contract import InstanceStatus, Runtime, instance_statuses
-from tilewise.engines.memory import (  # noqa: F401 - re-exported: the engines' sizing helpers
-    MEMORY_CAP_MB, MEMORY_FRACTION, MEMORY_MIN_MB, live_node_memory, parse_size_mb, worker_memory_mb)
+from tilewise.engines.memory import live_node_memory
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Plan
 from tilewise.procs import ProcId
@@ -137,20 +136,6 @@ class Member:
         return f"exited with status {rc}"
 
 
-# a run's own directory holds Unix sockets (sun_path: 108 bytes); below this length the temporary
-# directory leaves room for them
-SHORT_TMP = 64
-
-
-def scratch_base(tmp: str | None = None) -> str:
-    """Where a run's own directory goes: the temporary directory ($TMPDIR), or /tmp when that is too
-    long for the sockets inside it (a long TMPDIR must not make a benchmark fail)."""
-    tmp = tmp or tempfile.gettempdir()
-    if len(tmp) > SHORT_TMP and os.access("/tmp", os.W_OK | os.X_OK):
-        return "/tmp"
-    return tmp
-
-
 def rc_text(rc: int) -> str:
     if rc < 0:
         try:
@@ -188,17 +173,14 @@ def log_tail(path: str, n: int = 6) -> str:
 
 
 def tagged_processes(token: str, var: str = TOKEN_VAR) -> list:
-    """Live (non-zombie) processes whose environment has var=token (by default: the cluster token)."""
+    """Live (non-zombie) processes whose environment carries var=token (by default: the cluster
+    token), found by procs.carrying, as psutil processes for their callers' reports."""
     import psutil
 
-    me = os.getpid()
     found = []
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == me:
-            continue
+    for pid in sorted(procs.carrying(var, [token], procs.scan())[token]):
         try:
-            if p.environ().get(var) == token and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
+            found.append(psutil.Process(pid))
         except psutil.Error:
             continue
     return found
@@ -275,7 +257,7 @@ class ProcessCluster(Runtime):
         per instance (the spec's memory knob for this machine unless given)."""
         ensure_runnable(plan)
         if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix=f"tilewise-{self.engine}-", dir=scratch_base()))
+            self.root = Path(tempfile.mkdtemp(prefix=f"tilewise-{self.engine}-", dir=dirs.scratch_base()))
         self.root.mkdir(parents=True, exist_ok=True)
         self.plan = plan
         self.joined = bool(join)
@@ -414,18 +396,8 @@ class ProcessCluster(Runtime):
     def processes(self) -> list[int]:
         """Every live process of the deployment's members and their descendants (Spark's executors
         included): whose /proc I/O and CPU counters are the deployment's work."""
-        import psutil
-
-        out = []
-        for m in self.members:
-            if not m.alive()[0]:
-                continue
-            out.append(m.pid)
-            try:
-                out += [c.pid for c in psutil.Process(m.pid).children(recursive=True)]
-            except psutil.Error:
-                pass
-        return sorted(set(out))
+        live = [m.pid for m in self.members if m.alive()[0]]
+        return sorted(set(live) | procs.descendants(live, procs.scan()))
 
     def connect_hints(self, state) -> list[str]:
         return []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from tilewise import procs
 from tilewise.errors import UsageError
 
 DROPS = ("files", "system", "none")
@@ -30,7 +31,6 @@ DESCRIBE = {
     "system": "page cache dropped before every run, system-wide (sync; /proc/sys/vm/drop_caches)",
     "none": "warm page cache (not dropped): bytes read from storage are near zero, bytes requested still count",
 }
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def check_drop(mode: str, *, euid: int | None = None) -> str:
@@ -88,9 +88,7 @@ def _cpu_ns(proc: str, pid: int) -> int:
             continue
     if found:
         return total
-    with open(f"{proc}/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // CLK_TCK  # utime, stime (stat fields 14, 15)
+    return procs.cpu_ticks(procs.stat_fields(procs.read_text(f"{proc}/{pid}/stat"))) * 1_000_000_000 // procs.TICKS_PER_S
 
 
 def counters(pids, proc: str = "/proc") -> Counters:

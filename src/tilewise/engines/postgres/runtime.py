@@ -643,19 +643,14 @@ class PostgresServers(ProcessCluster):
     def cpu_s(self, m: Member) -> float | None:
         """CPU seconds of the server's whole process tree so far (its exited backends included: the
         postmaster's children's times)."""
-        import psutil
-
-        try:
-            p = psutil.Process(m.pid)
-            t = p.cpu_times()
-            total = t.user + t.system + t.children_user + t.children_system
-            for c in p.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    ct = c.cpu_times()
-                    total += ct.user + ct.system
-            return round(total, 3)
-        except psutil.Error:
-            return None
+        ticks = None
+        for pid in procs.tree_of(m.pid):
+            try:
+                fields = procs.stat_fields(procs.read_text(f"/proc/{pid}/stat"))
+                ticks = (ticks or 0) + procs.cpu_ticks(fields, reaped=pid == m.pid)
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+        return None if ticks is None else round(ticks / procs.TICKS_PER_S, 3)
 
     def connect_hints(self, state) -> list[str]:
         ws = self.workers()

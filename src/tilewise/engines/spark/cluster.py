@@ -109,20 +109,8 @@ def _listening(pid: int) -> list[int]:
 
 def executors_of(pid: int) -> list[int]:
     """Executor JVMs forked by a worker (its descendants running CoarseGrainedExecutorBackend)."""
-    import psutil
-
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-    out = []
-    for k in kids:
-        try:
-            if any(EXECUTOR_CLASS in a for a in k.cmdline()):
-                out.append(k.pid)
-        except psutil.Error:
-            continue
-    return out
+    return [k for k in sorted(procs.descendants([pid], procs.scan()))
+            if any(EXECUTOR_CLASS in a for a in procs.cmdline(k))]
 
 
 class SparkCluster(ProcessCluster):

@@ -9,7 +9,7 @@ with the reference at the reference's scale.
 Each node gets its own etc/ and data/ under the cluster root and runs ``bin/launcher run``, which
 execs the JVM in place (the pid we bind and record is the JVM's). Settings are derived per node:
 
-- heap: the instance's share of its NUMA node's memory (procgroup.worker_memory_mb) or --worker-memory;
+- heap: the instance's share of its NUMA node's memory (engines.memory.worker_memory_mb) or --worker-memory;
   query.max-memory-per-node 40 % of it, memory.heap-headroom-per-node 25 %; query.max-memory the
   sum over the workers;
 - cores: -XX:ParallelGCThreads = cores, -XX:ConcGCThreads = cores/4 (at least 1), task.concurrency
