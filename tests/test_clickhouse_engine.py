@@ -1,7 +1,7 @@
 """The ClickHouse engine (chdb): `bench tpch --engine clickhouse` at SF 0.01 with every answer valid
 (refresh functions applied on every replica), `up/status/query/down`, the refresh functions' all or
 nothing, nothing left running after `down` or a Ctrl-C of the bench, and bad input as one `Error:`
-line with nothing half-started. chdb is part of `make setup` (the `clickhouse` extra): these tests
+line with nothing half-started. chdb is part of `make test` (the `clickhouse` extra: `tilewise engines install clickhouse`): these tests
 run in the default suite and fail, naming the install, where it is missing."""
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def test_chdb_missing_is_one_error_naming_the_install(tmp_path, state_env, cmd):
     lines = cp.stderr.strip().splitlines()
     assert cp.returncode == 1 and len(lines) == 1, cp.stderr
     assert lines[0] == ("Error: ClickHouse cannot run here: the Python package chdb (in-process ClickHouse) is not "
-                        "installed: pip install 'tilewise[clickhouse]' (or make setup)")
+                        "installed: run `tilewise engines install clickhouse` (about 0.9 GB installed: chdb and chdb-core)")
     assert not (tmp_path / "o").exists() and not list(Path(state_env["TILEWISE_CLUSTER_DIR"]).glob("*.json"))
 
 

@@ -245,7 +245,7 @@ def find_kernel() -> tuple[str, str]:
         if os.path.isfile(k) and os.access(k, os.R_OK) and os.path.isfile(f"/lib/modules/{rel}/modules.dep"):
             return k, rel
     raise VMUnavailable("no Linux kernel with modules in /boot and /lib/modules: install linux-image-amd64 "
-                        "(make setup does)")
+                        "(make setup-all does)")
 
 
 def _version_key(path: str) -> list:
@@ -257,11 +257,11 @@ def missing_prerequisites() -> str | None:
     if sys.platform != "linux" or os.uname().machine != "x86_64":
         return "VM tests need an x86_64 Linux host"
     if shutil.which(QEMU) is None:
-        return f"{QEMU} not found: install qemu-system-x86 (make setup does)"
+        return f"{QEMU} not found: install qemu-system-x86 (make setup-all does)"
     if shutil.which("busybox") is None and not os.path.exists("/bin/busybox"):
-        return "busybox not found: install busybox-static (make setup does)"
+        return "busybox not found: install busybox-static (make setup-all does)"
     if not _busybox_is_static():
-        return "busybox is dynamically linked: install busybox-static (make setup does)"
+        return "busybox is dynamically linked: install busybox-static (make setup-all does)"
     try:
         find_kernel()
     except VMUnavailable as e:
