@@ -11,6 +11,7 @@ import pytest
 from conftest import run_cli
 from tilewise import cluster, plan, topology
 from tilewise.binding import Binding
+from tilewise.engines import memory
 from tilewise.engines import procgroup as sc
 from tilewise.engines.spark.cluster import spark_schema
 from tilewise.errors import TilewiseError, UsageError
@@ -115,21 +116,21 @@ def test_worker_memory_split_per_node():
     t = topology.load("synthetic:Package:2 [NUMANode(memory=64GB)] L3Cache:2(size=32MB) Core:4 PU:2")
     node_mem = {n.id: n.memory_bytes for n in t.numa_nodes}
     win = plan.plan(t, "win")
-    mem = sc.worker_memory_mb(win, node_mem)
+    mem = memory.worker_memory_mb(win, node_mem)
     assert len(mem) == 2 and len(set(mem.values())) == 1
-    assert mem[0] == int(node_mem[0] * sc.MEMORY_FRACTION / 2**20)
+    assert mem[0] == int(node_mem[0] * memory.MEMORY_FRACTION / 2**20)
     wicp = plan.plan(t, "wicp")  # two instances per node share it
-    mem2 = sc.worker_memory_mb(wicp, node_mem)
+    mem2 = memory.worker_memory_mb(wicp, node_mem)
     assert all(abs(v - mem[0] / 2) <= 1 for v in mem2.values())
     huge = topology.load("synthetic:Package:1 [NUMANode(memory=1TB)] Core:4 PU:1")
-    assert sc.worker_memory_mb(plan.plan(huge, "wim"), {0: 2**40})[0] == sc.MEMORY_CAP_MB
+    assert memory.worker_memory_mb(plan.plan(huge, "wim"), {0: 2**40})[0] == memory.MEMORY_CAP_MB
     with pytest.raises(UsageError):
-        sc.worker_memory_mb(win, node_mem, fraction=0)
+        memory.worker_memory_mb(win, node_mem, fraction=0)
 
 
 @pytest.mark.parametrize("text, mb", [("4g", 4096), ("512m", 512), ("1.5G", 1536), ("2GiB", 2048), ("1024", 1024)])
 def test_parse_size(text, mb):
-    assert sc.parse_size_mb(text) == mb
+    assert memory.parse_size_mb(text) == mb
 
 
 def test_spark_schema_from_parquet(tmp_path):

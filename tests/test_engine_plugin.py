@@ -110,3 +110,51 @@ def test_plugin_engine_up_status_query_down(plugin_env, data_root):
     assert dn.returncode == 0, dn.stderr
     assert not wait_gone("TILEWISE_CLUSTER_DIR", d), "SQLite servers left after down"
     assert not list(Path(d).glob("*.json"))
+
+
+@pytest.fixture
+def direct_env(tmp_path, state_env):
+    """An engine whose runtime implements engines.contract.Runtime itself (no ProcessCluster)."""
+    site = tmp_path / "site"
+    shutil.copytree(FIXTURES / "engine_plugin_direct", site)
+    path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**state_env, "PYTHONPATH": path}
+
+
+def test_an_engine_written_against_the_contract_alone_is_driven_by_up_status_query_down(direct_env):
+    import sys
+
+    sys.path.insert(0, str(FIXTURES / "engine_plugin_direct"))
+    try:
+        from tilewise_direct.runtime import DirectRuntime
+    finally:
+        sys.path.pop(0)
+    from tilewise.engines.procgroup import ProcessCluster
+
+    assert not issubclass(DirectRuntime, ProcessCluster)
+    d = direct_env["TILEWISE_CLUSTER_DIR"]
+    want = plan.plan(topology.load(None), _policy())
+    cp = run_cli("up", "--engine", "direct", "--policy", _policy(), "--name", "dr", "--json", env=direct_env, timeout=120)
+    try:
+        assert cp.returncode == 0, cp.stderr
+        doc = json.loads(cp.stdout)
+        assert doc["healthy"] is True and doc["engine"] == "direct" and doc["endpoint"]
+        for w, inst in zip(sorted(doc["members"], key=lambda m: m["instance"]), want.instances):
+            assert tuple(sorted(psutil.Process(w["pid"]).cpu_affinity())) == tuple(inst.cpus)
+            assert w["binding_verified"] is True
+        st = run_cli("status", "--name", "dr", "--json", env=direct_env, timeout=60)
+        assert st.returncode == 0 and json.loads(st.stdout)["healthy"] is True
+        for inst in want.instances:
+            q = run_cli("query", "--name", "dr", "--instance", str(inst.id), "--json", "SELECT 6 * 7 AS x",
+                        env=direct_env, timeout=60)
+            assert q.returncode == 0, q.stderr
+            assert json.loads(q.stdout)["rows"] == [[42]] and json.loads(q.stdout)["instance"] == inst.id
+        bad = run_cli("query", "--name", "dr", "SELECT * FROM nope", env=direct_env, timeout=60)
+        assert bad.returncode == 1 and "no such table: nope" in bad.stderr
+        pids = [m["pid"] for m in doc["members"]]
+    finally:
+        dn = run_cli("down", "--name", "dr", "--json", env=direct_env, timeout=60)
+    assert dn.returncode == 0, dn.stderr
+    assert set(pids) <= set(json.loads(dn.stdout)["stopped_pids"])
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert not list(Path(d).glob("*.json")) and not (Path(d) / "dr").exists()

@@ -1,7 +1,7 @@
 """Long-running clusters (`tilewise up/status/down`): start, record, inspect, stop.
 
-A cluster of any engine (its runtime: the engine's engines.procgroup.ProcessCluster subclass, found
-through the engine registry) is recorded in a versioned JSON state file, ``<state dir>/<name>.json``, written atomically (temp
+A cluster of any engine (its runtime, found through the engine registry and driven only through
+the contract of engines.contract.Runtime) is recorded in a versioned JSON state file, ``<state dir>/<name>.json``, written atomically (temp
 file, fsync, rename) BEFORE any process starts and again after each one, so a crash or Ctrl-C in
 the middle of `up` can always be cleaned up by `down`: every process carries the cluster's token in
 its environment and `down` stops whatever still carries it. While `up` runs, each started process
@@ -27,9 +27,8 @@ from pathlib import Path
 
 from tilewise import __version__, allocators, changes, dirs, engines, topology
 from tilewise.binding import ensure_runnable
-from tilewise.engines import procgroup
-from tilewise.engines.contract import EngineSpec
-from tilewise.engines.procgroup import ProcessCluster
+from tilewise.data import record_of
+from tilewise.engines.contract import EngineSpec, Runtime, new_token
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
 from tilewise.plan import Plan
@@ -39,7 +38,7 @@ OLD_FORMATS = ("tilewise-cluster/1",)  # upgraded on load (Spark only; master_ur
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-def backend(engine: str) -> type[ProcessCluster]:
+def backend(engine: str) -> type[Runtime]:
     """The runtime class of a registered engine (what starts, inspects, queries and stops it)."""
     return engines.get(engine).runtime_class()
 
@@ -64,10 +63,11 @@ class ClusterState:
     root: str
     plan: dict
     host: str = "127.0.0.1"
+    # what the runtime's record() says (Runtime.restore reads it back):
     endpoint: str | None = None  # spark://H:P master, http://H:P coordinator, the DuckDB socket directory
     joined: bool = False  # workers joined a master/coordinator started elsewhere
     data: dict = field(default_factory=dict)  # the data set served ({"label", "dir", "sf", "schema", ...})
-    members: list[dict] = field(default_factory=list)
+    members: list[dict] = field(default_factory=list)  # the engine's own record of its processes
     placement: dict = field(default_factory=dict)  # where the coordinator went and why (tilewise.nic)
     version: str = __version__
 
@@ -96,11 +96,18 @@ class ClusterState:
         except (KeyError, TypeError, ValueError) as e:
             raise TilewiseError(f"{path} is damaged ({e})", "remove it after checking no process is left") from None
 
-    def cluster(self) -> ProcessCluster:
+    def record(self) -> dict:
+        return {"endpoint": self.endpoint, "joined": self.joined, "data": self.data, "members": self.members,
+                "placement": self.placement}
+
+    def take(self, record: dict) -> None:
+        """Keep what a runtime's record() says (its data set record only when it has one)."""
+        self.endpoint, self.joined, self.members = record["endpoint"], record["joined"], record["members"]
+        self.placement, self.data = record["placement"], record["data"] or self.data
+
+    def cluster(self) -> Runtime:
         """The engine's runtime, rebuilt from this record (detached: it drives, it does not own)."""
-        members = [procgroup.Member.from_json(m) for m in self.members]
-        return backend(self.engine)(Path(self.root), self.token, host=self.host, detach=True, members=members,
-                                    endpoint=self.endpoint, data=self.data, joined=self.joined)
+        return backend(self.engine).restore(Path(self.root), self.token, host=self.host, record=self.record())
 
 
 def state_path(name: str) -> Path:
@@ -193,7 +200,7 @@ def update(name: str, token: str, change, timeout_s: float = 60.0) -> bool:
 # ---- the lifecycle ------------------------------------------------------------------------------
 
 def is_alive(st: ClusterState) -> bool:
-    return any(m.alive()[0] for m in st.cluster().members) or bool(procgroup.tagged_processes(st.token))
+    return st.cluster().alive()
 
 
 def detect_host(address: str) -> str:
@@ -327,8 +334,8 @@ def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: 
             remove(old)
         root = state_dir() / name
         shutil.rmtree(root, ignore_errors=True)
-        st = ClusterState(name, engine, procgroup.new_token(), "starting", time.time(), str(root), plan.to_json(), h,
-                          endpoint=None, joined=bool(join), data=procgroup.data_doc(dataset))
+        st = ClusterState(name, engine, new_token(), "starting", time.time(), str(root), plan.to_json(), h,
+                          endpoint=None, joined=bool(join), data=record_of(dataset))
         save(st)  # recorded before anything starts: `down` can always clean up
         cl = cls(root, st.token, host=h, detach=True)
         # every process is journaled in a change session before it starts: if `up` itself is killed
@@ -336,11 +343,8 @@ def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: 
         # (the cluster stays on purpose; `down` stops it from the state file)
         cl.journal = changes.Session(f"up {name}")
 
-        def record(c: ProcessCluster) -> None:
-            st.members = [m.to_json() for m in c.members]
-            st.endpoint = c.endpoint
-            st.placement = c.placement.to_json() if c.placement is not None else {}
-            st.data = dict(c.data) or st.data
+        def record(c: Runtime) -> None:
+            st.take(c.record())
             save(st)
 
         cl.on_change = record
@@ -386,11 +390,9 @@ def status(st: ClusterState) -> dict:
 
 def down(st: ClusterState) -> dict:
     with locked(st.name):
-        cl = st.cluster()
-        pids = [m.pid for m in cl.members if m.alive()[0]]
-        swept = cl.stop()
+        stopped = st.cluster().stop()
         remove(st)
-    return {"name": st.name, "engine": st.engine, "stopped_pids": sorted(set(pids) | set(swept)), "left": []}
+    return {"name": st.name, "engine": st.engine, "stopped_pids": sorted(set(stopped)), "left": []}
 
 
 def query(st: ClusterState, sql: str, *, instance: int | None = None, timeout_s: float | None = None):

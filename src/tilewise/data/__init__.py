@@ -133,3 +133,24 @@ class Dataset:
            title: str = "", table_names: tuple[str, ...] = TABLES) -> Dataset:
         """A Dataset for an existing directory of Parquet tables (tests, user-supplied data)."""
         return cls(benchmark, float(sf), Path(d), seed, title, tuple(table_names))
+
+
+# ---- a data set as a running deployment records it (the state file of `tilewise up`) ----------------
+
+def record_of(dataset: Dataset | None) -> dict:
+    """What a deployment's state records about the data set it serves: its tables' paths and, for a
+    data set with a layout or raw tables, each table's source (what a later driver reads; cracking
+    rewrites a table's source when it switches it)."""
+    if dataset is None:
+        return {}
+    doc = {"label": dataset.label, **dataset.to_json(), "tables": {k: str(v) for k, v in dataset.tables.items()}}
+    if dataset.sources or dataset.in_place:
+        doc["sources"] = {t: s.to_json() for t, s in dataset.table_sources().items()}
+    return doc
+
+
+def sources_of(record: dict) -> dict[str, TableSource]:
+    """table -> TableSource of a recorded data set (record_of): its sources, or its Parquet files."""
+    if record.get("sources"):
+        return {t: TableSource.from_json(s, t) for t, s in record["sources"].items()}
+    return {t: TableSource.from_json(p, t) for t, p in (record.get("tables") or {}).items()}

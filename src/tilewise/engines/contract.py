@@ -9,18 +9,28 @@ runtime, and whatever processes the runtime starts. docs/adding-an-engine.md wal
   rewrites a benchmark query (keyed by benchmark and query) into the engine's dialect.
 - Runtime: one running deployment of the engine (one bound process or worker per plan instance),
   used by the benchmarks (it dies with tilewise) and by `tilewise up` (detached, recorded in a state
-  file and driven again by later commands): start, run_query, apply_refresh, status, info, close, stop.
-  engines.procgroup.ProcessCluster implements the process part of it for every built-in engine.
+  file and driven again by later commands). One constructor, ``Runtime(root, token, host=, detach=)``
+  (the benchmarks call it with no arguments), and one way back from the state file:
+  ``Runtime.restore(root, token, host=, record=)`` with what ``record()`` returned. Then start,
+  run_query, apply_refresh, status (per plan instance) and statuses (per process, for `tilewise
+  status`), alive, info, close, stop; and what `up`/`join`/`status` ask before or after a start:
+  join_address, default_memory_mb, connect_hints, status_fields. tilewise.cluster and the harness use
+  nothing else. engines.procgroup.ProcessCluster implements it for every built-in engine; an engine
+  may implement it directly (tests/fixtures/engine_plugin_direct).
 """
 
 from __future__ import annotations
 
 import abc
 import importlib
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from tilewise import cpulist, verification
+from tilewise.binding import Binding
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.splits import SplitRule
 from tilewise.errors import TilewiseError, UsageError
@@ -215,6 +225,27 @@ class InstanceStatus:
     extra: dict = field(default_factory=dict)
 
 
+def process_status(role: str, instance: int | None, pid: int, binding: Binding, alive: tuple[bool, str], *,
+                   cores: int = 0, memory_mb: int = 0, log: str = "", last_lines: str = "") -> dict:
+    """One process's entry of Runtime.statuses(): its binding read back from /proc (verification),
+    and its health; alive: (alive, why not); last_lines: the end of its log, for a dead one."""
+    ok, why = alive
+    d = {"role": role, "instance": instance, "pid": pid, "alive": ok, "healthy": ok, "detail": why,
+         "cpus": cpulist.format(binding.cpus) if binding.cpus is not None else "any",
+         "mem_policy": binding.mem_policy, "mem_nodes": list(binding.mem_nodes),
+         "cores": cores, "memory_mb": memory_mb, "log": log,
+         "binding_verified": None, "verification": None, "executors": []}
+    if not ok:
+        d["detail"] = f"{why}; last log lines: {last_lines}" if last_lines else why
+        return d
+    v = verification.verify(pid, binding, allocator_wait_s=0.0)
+    d["verification"] = v.to_json()
+    d["binding_verified"] = v.verdict  # True verified, False mismatch, None not checkable
+    if not v.verified:
+        d["detail"] = v.summary()
+    return d
+
+
 def instance_statuses(plan: Plan, docs: dict[int, dict], extra) -> list[InstanceStatus]:
     """Per plan instance, from the cluster's worker status documents (ProcessCluster.member_status);
     extra(doc) -> the engine's own details. An instance without a worker is reported, not skipped."""
@@ -232,12 +263,78 @@ def instance_statuses(plan: Plan, docs: dict[int, dict], extra) -> list[Instance
 
 # ---- the runtime --------------------------------------------------------------------------------------
 
+# every process of a deployment carries its token in this environment variable (what it forks
+# inherits it): stopping a deployment reaches every carrier, even when its record is incomplete
+TOKEN_VAR = "TILEWISE_CLUSTER_TOKEN"
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
 class Runtime(abc.ABC):
     """One deployment of an engine: a bound process or worker per plan instance. The benchmarks start
     one that dies with tilewise; `tilewise up` starts one detached and later commands rebuild it from
-    the state file (engines.procgroup.ProcessCluster) to query, inspect and stop it."""
+    the state file (restore) to query, inspect and stop it."""
 
     spec: ClassVar[EngineSpec]  # the engine this runtime belongs to (its capabilities say what works)
+
+    def __init__(self, root: Path | None = None, token: str | None = None, *, host: str = "127.0.0.1",
+                 detach: bool = False) -> None:
+        """root: the deployment's own directory (None: a temporary one, removed by stop()); token:
+        what every process carries in TOKEN_VAR (None: a new one); host: the address its endpoints
+        bind; detach: the processes outlive this Python (`tilewise up`), else they die with it."""
+        self.root = Path(root) if root is not None else None
+        self.token = token or new_token()
+        self.host = host
+        self.detach = detach
+        self.endpoint: str | None = None  # how users reach it: a URL, an address, a socket directory
+        self.data: dict = {}  # the data set served, as recorded (tilewise.data.record_of)
+        self.joined = False  # only workers that joined a coordinator on another host
+        self.placement = None  # where a coordinator went and why (tilewise.nic.Placement), if anywhere
+        # set by `tilewise up` before start(): called after each process starts, so the state file
+        # always names what runs; and the change session each start is journaled in first
+        self.on_change: Callable[[Runtime], None] | None = None
+        self.journal = None
+
+    # -- the state file of `tilewise up` --
+    def record(self) -> dict:
+        """What the state file keeps so that a later command can restore this deployment: endpoint,
+        data, joined, placement, and "members": the engine's own list of its processes (opaque to
+        tilewise.cluster, given back to adopt())."""
+        return {"endpoint": self.endpoint, "data": dict(self.data), "joined": self.joined,
+                "placement": self.placement.to_json() if self.placement is not None else {},
+                "members": self.members_record()}
+
+    def members_record(self) -> list[dict]:
+        """The engine's own record of its processes (JSON), for record()."""
+        return []
+
+    def adopt(self, record: dict) -> None:
+        """Take over the deployment a record() names (the runtime is detached: it drives, it does
+        not own). Engines extend it to read back their "members"."""
+        self.endpoint = record.get("endpoint")
+        self.data = dict(record.get("data") or {})
+        self.joined = bool(record.get("joined"))
+
+    @classmethod
+    def restore(cls, root: Path, token: str, *, host: str = "127.0.0.1", record: dict) -> Runtime:
+        """The runtime of a deployment a state file records (from record())."""
+        rt = cls(root, token, host=host, detach=True)
+        rt.adopt(record)
+        return rt
+
+    # -- what `up` and `join` ask before the start --
+    @classmethod
+    def default_memory_mb(cls, plan: Plan, node_memory: dict[int, int]) -> dict[int, int]:
+        """The memory knob's default per instance (MiB) for a machine's node memory."""
+        knob = cls.spec.capabilities.memory
+        return knob.default_mb(plan, node_memory) if knob else {i.id: 0 for i in plan.instances}
+
+    @classmethod
+    def join_address(cls, text: str) -> str:
+        """The coordinator address `tilewise join --coordinator` names, checked and normalised."""
+        raise UsageError(f"{cls.spec.name} workers cannot join a cluster on another host")
 
     @abc.abstractmethod
     def start(self, plan: Plan, *, dataset: Dataset | None = None, allocator: str = "system",
@@ -288,12 +385,31 @@ class Runtime(abc.ABC):
         """The pids whose I/O and CPU time are this deployment's work (workers, executors, servers)."""
         return []
 
+    # -- what `tilewise status` shows --
+    @abc.abstractmethod
+    def statuses(self) -> list[dict]:
+        """Every process of the deployment, for `tilewise status`: {"role", "instance" (None for a
+        coordinator), "pid", "healthy", "binding_verified" (True/False/None), "detail", "cpus",
+        "mem_policy", "mem_nodes", ...}."""
+
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """Whether any process of the deployment still runs (a recorded one, or a carrier of its token)."""
+
+    def connect_hints(self, state) -> list[str]:
+        """How users reach a detached deployment (lines `up` prints)."""
+        return []
+
+    def status_fields(self) -> dict:
+        """Engine-specific fields of `tilewise status --json` (e.g. Spark's master_url)."""
+        return {}
+
     def close(self) -> None:
         """Release what this process holds (connections, a query driver); the deployment keeps running."""
 
     @abc.abstractmethod
-    def stop(self) -> None:
-        """Stop every process of the deployment; idempotent; leaves no orphan."""
+    def stop(self) -> list[int]:
+        """Stop every process of the deployment; idempotent; leaves no orphan. The pids stopped."""
 
     def __enter__(self):
         return self

@@ -27,30 +27,24 @@ import socket
 import subprocess
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tilewise import changes, cpulist, dirs, launch, procs, verification
+from tilewise import changes, dirs, launch, procs, verification
 from tilewise.binding import Binding, ensure_runnable
-from tilewise.data.sources import TableSource
-from tilewise.engines.contract import InstanceStatus, Runtime, instance_statuses
+from tilewise.data import record_of
+from tilewise.engines.contract import TOKEN_VAR, InstanceStatus, Runtime, instance_statuses, process_status
 from tilewise.engines.memory import live_node_memory
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Plan
 from tilewise.procs import ProcId
 
-TOKEN_VAR = "TILEWISE_CLUSTER_TOKEN"
 START_TIMEOUT_S = 90.0
 
 
 class ClusterError(TilewiseError):
     pass
-
-
-def new_token() -> str:
-    return uuid.uuid4().hex
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -186,25 +180,6 @@ def tagged_processes(token: str, var: str = TOKEN_VAR) -> list:
     return found
 
 
-def data_doc(dataset) -> dict:
-    """What a cluster's state records about the data set it serves: its tables' paths and, for a data
-    set with a layout or raw tables, each table's source (what a later driver reads; cracking
-    rewrites a table's source when it switches it)."""
-    if dataset is None:
-        return {}
-    doc = {"label": dataset.label, **dataset.to_json(), "tables": {k: str(v) for k, v in dataset.tables.items()}}
-    if dataset.sources or dataset.in_place:
-        doc["sources"] = {t: s.to_json() for t, s in dataset.table_sources().items()}
-    return doc
-
-
-def sources_of(data: dict):
-    """table -> TableSource of a recorded data set (data_doc): its sources, or its Parquet files."""
-    if data.get("sources"):
-        return {t: TableSource.from_json(s, t) for t, s in data["sources"].items()}
-    return {t: TableSource.from_json(p, t) for t, p in (data.get("tables") or {}).items()}
-
-
 class ProcessCluster(Runtime):
     """Start/inspect/stop the bound processes of one deployment. `detach`: processes outlive this
     Python (tilewise up); otherwise they die with it and live in a temporary directory (root=None)
@@ -218,24 +193,25 @@ class ProcessCluster(Runtime):
     error_cls: ClassVar[type[TilewiseError]] = ClusterError
 
     def __init__(self, root: Path | None = None, token: str | None = None, *, host: str = "127.0.0.1",
-                 detach: bool = False, members: list[Member] | None = None, endpoint: str | None = None,
-                 data: dict | None = None, joined: bool = False, keep_logs: bool = False) -> None:
-        self.root = Path(root) if root is not None else None
+                 detach: bool = False) -> None:
+        super().__init__(root, token, host=host, detach=detach)
         self._own_root = root is None
-        self.token = token or new_token()
-        self.host = host
-        self.detach = detach
-        self.members: list[Member] = list(members or [])
-        self.endpoint = endpoint
-        self.data: dict = dict(data or {})  # the data set served (recorded in the state file)
-        self.joined = joined  # only workers that joined a coordinator on another host
-        self.keep_logs = keep_logs
+        self.members: list[Member] = []
+        self.keep_logs = False  # keep a temporary working directory's logs after stop()
         self.plan: Plan | None = None
-        self.placement = None  # where a coordinator/master went and why (tilewise.nic), if any
-        self.on_change = None  # callback after each member starts (tilewise.cluster rewrites the state file)
-        self.journal: changes.Session | None = None  # where each start is journaled first
         self._own_journal = False
         self._stopped = False
+
+    def members_record(self) -> list[dict]:
+        return [m.to_json() for m in self.members]
+
+    def adopt(self, record: dict) -> None:
+        super().adopt(record)
+        self.members = [Member.from_json(m) for m in record.get("members") or []]
+
+    def alive(self) -> bool:
+        return any(m.alive()[0] for m in self.members) or bool(
+            procs.carrying(TOKEN_VAR, [self.token], procs.scan())[self.token])
 
     @property
     def engine(self) -> str:
@@ -244,12 +220,6 @@ class ProcessCluster(Runtime):
     @property
     def title(self) -> str:
         return self.spec.title
-
-    @classmethod
-    def default_memory_mb(cls, plan: Plan, node_memory: dict[int, int]) -> dict[int, int]:
-        """The memory knob's default per instance (MiB) for a machine's node memory."""
-        knob = cls.spec.capabilities.memory
-        return knob.default_mb(plan, node_memory) if knob else {i.id: 0 for i in plan.instances}
 
     # -- the start, shared by every engine --
     def _begin(self, plan: Plan, dataset, memory_mb: dict[int, int] | None, join: str | None) -> dict[int, int]:
@@ -269,7 +239,7 @@ class ProcessCluster(Runtime):
             missing = [f for s in dataset.table_sources().values() for f in s.files if not os.path.exists(f)]
             if missing:
                 raise TilewiseError(f"{dataset.label} data missing in {dataset.dir}: {', '.join(missing)}")
-            self.data = data_doc(dataset)
+            self.data = record_of(dataset)
         return memory_mb if memory_mb is not None else self.default_memory_mb(plan, live_node_memory())
 
     # -- processes --
@@ -352,23 +322,10 @@ class ProcessCluster(Runtime):
                                  f"{log_tail(m.log)}", f"log: {m.log}")
 
     def member_status(self, m: Member) -> dict:
-        """pid, binding read back from /proc, health."""
-        ok, why = m.alive()
-        d = {"role": m.role, "instance": m.instance, "pid": m.pid, "alive": ok, "healthy": ok, "detail": why,
-             "cpus": cpulist.format(m.binding.cpus) if m.binding.cpus is not None else "any",
-             "mem_policy": m.binding.mem_policy, "mem_nodes": list(m.binding.mem_nodes),
-             "cores": m.cores, "memory_mb": m.memory_mb, "log": m.log,
-             "binding_verified": None, "verification": None, "executors": []}
-        if not ok:
-            tail = log_tail(m.log, 2)
-            d["detail"] = f"{why}; last log lines: {tail}" if tail else why
-            return d
-        v = verification.verify(m.pid, m.binding, allocator_wait_s=0.0)
-        d["verification"] = v.to_json()
-        d["binding_verified"] = v.verdict  # True verified, False mismatch, None not checkable
-        if not v.verified:
-            d["detail"] = v.summary()
-        return d
+        """pid, binding read back from /proc, health (contract.process_status)."""
+        alive = m.alive()
+        return process_status(m.role, m.instance, m.pid, m.binding, alive, cores=m.cores, memory_mb=m.memory_mb,
+                              log=m.log, last_lines="" if alive[0] else log_tail(m.log, 2))
 
     def statuses(self) -> list[dict]:
         return [self.member_status(m) for m in self.members]
@@ -384,10 +341,6 @@ class ProcessCluster(Runtime):
         """The engine's own details of one instance's status document (InstanceStatus.extra)."""
         return {"verification": d["verification"], "memory_mb": d["memory_mb"]}
 
-    def status_fields(self) -> dict:
-        """Engine-specific fields of `tilewise status --json` (e.g. Spark's master_url)."""
-        return {}
-
     def info(self, instance: int) -> dict:
         """What results record per instance: the worker's cores (its threads) and memory."""
         m = self.worker(instance)
@@ -398,14 +351,6 @@ class ProcessCluster(Runtime):
         included): whose /proc I/O and CPU counters are the deployment's work."""
         live = [m.pid for m in self.members if m.alive()[0]]
         return sorted(set(live) | procs.descendants(live, procs.scan()))
-
-    def connect_hints(self, state) -> list[str]:
-        return []
-
-    @classmethod
-    def join_address(cls, text: str) -> str:
-        """The coordinator address `tilewise join --coordinator` names, checked and normalised."""
-        raise UsageError(f"{cls.spec.name} workers cannot join a cluster on another host")
 
     @staticmethod
     def _unhealthy(d: dict, why: str) -> None:

@@ -36,10 +36,11 @@ from pathlib import Path
 from tilewise import cluster, launch, signals, topology
 from tilewise.binding import Binding
 from tilewise.data import layouts as L
+from tilewise.data import sources_of
 from tilewise.data.sources import TableSource
 from tilewise.elastic import budget as B
 from tilewise.elastic import modes
-from tilewise.engines.procgroup import TOKEN_VAR, sources_of
+from tilewise.engines.contract import TOKEN_VAR
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.layout import candidates
 
@@ -126,7 +127,7 @@ def run(name: str, *, pause_s: float = 0.0) -> int:
     store = L.Store(plan["store"])
     cpus = sorted({c for i in st.plan.get("instances", []) for c in i["cpus"]})
     pool = modes.make_pool(topology.load(None), allowed_cpus=cpus)
-    budget = B.Budget(pool, [m.pid for m in st.cluster().members])
+    budget = B.Budget(pool, st.cluster().processes())
     pause = (lambda i, p: time.sleep(pause_s)) if pause_s else None
 
     def mark(table: str, **fields) -> None:

@@ -33,10 +33,11 @@ from pathlib import Path
 
 from tilewise import nic, procs, verification
 from tilewise.binding import Binding
+from tilewise.data import sources_of
 from tilewise.data.sources import TableSource, arrow_type
 from tilewise.engines import sqltypes
 from tilewise.engines.contract import QueryResult
-from tilewise.engines.procgroup import START_TIMEOUT_S, Member, ProcessCluster, free_port, log_tail, sources_of
+from tilewise.engines.procgroup import START_TIMEOUT_S, Member, ProcessCluster, free_port, log_tail
 from tilewise.engines.spark import SPEC
 from tilewise.engines.spark.home import SparkError, spark_home
 from tilewise.errors import TilewiseError, UsageError
