@@ -83,7 +83,7 @@ def run_one(name: str, policy: str, k, dataset, ref, warm_runs: int, worker_memo
 def planned_not_executed(topology_src: str) -> list[dict]:
     """win and wicp on a loaded topology: the Trino nodes tilewise would start, with their settings."""
     from tilewise import nic, plan, topology
-    from tilewise.engines.trino import cluster as tc
+    from tilewise.engines.trino import runtime as tc
 
     t = topology.load(topology_src)
     mem = {n.id: n.memory_bytes for n in t.numa_nodes}

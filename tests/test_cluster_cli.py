@@ -13,7 +13,7 @@ from tilewise import cluster, plan, topology
 from tilewise.binding import Binding
 from tilewise.engines import memory
 from tilewise.engines import procgroup as sc
-from tilewise.engines.spark.cluster import spark_schema
+from tilewise.engines.spark.runtime import spark_schema
 from tilewise.errors import TilewiseError, UsageError
 
 

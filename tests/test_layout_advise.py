@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from tilewise import benchmarks
+from tilewise import benchmarks, engines
+from tilewise.engines import splits
 from tilewise.errors import UsageError
 from tilewise.layout import advise, candidates as C, workload as W
 
@@ -206,7 +207,6 @@ def test_data_layout_measures_recommends_and_applies_with_every_answer_checked(t
 
 
 def test_spark_splits_files_into_tasks_and_row_groups_by_midpoint():
-    from tilewise.engines import splits
 
     def f(nbytes, groups):  # groups of equal size, one after the other
         size = nbytes // groups
@@ -214,20 +214,36 @@ def test_spark_splits_files_into_tasks_and_row_groups_by_midpoint():
                                                 for i in range(groups)]}
 
     mb = 1 << 20
-    one = splits.per_tile([f(400 * mb, 1)], tiles=2, cores=8, rule=splits.SPARK)
+    one = splits.per_tile([f(400 * mb, 1)], tiles=2, cores=8, rule=engines.get("spark").scan_split)
     # one file of one row group: split in 50 MB ranges, but only the split holding the midpoint reads it;
     # the tile reading it is busy, so the other takes the empty tasks as it asks for work
     assert sum(t["row_groups"] for t in one) == 1 and sum(t["tasks"] for t in one) == 8
     busy, idle = sorted(one, key=lambda t: -t["row_groups"])
     assert busy["tasks"] < idle["tasks"]
-    eight = splits.per_tile([f(50 * mb, 4) for _ in range(8)], tiles=2, cores=8, rule=splits.SPARK)
+    eight = splits.per_tile([f(50 * mb, 4) for _ in range(8)], tiles=2, cores=8, rule=engines.get("spark").scan_split)
     assert [t["files"] for t in eight] == [4, 4] and [t["row_groups"] for t in eight] == [16, 16]
-    small = splits.per_tile([f(mb, 1) for _ in range(4)], tiles=2, cores=2, rule=splits.SPARK)
+    small = splits.per_tile([f(mb, 1) for _ in range(4)], tiles=2, cores=2, rule=engines.get("spark").scan_split)
     assert [t["tasks"] for t in small] == [1, 1] and [t["files"] for t in small] == [2, 2]  # packed: open cost
-    trino = splits.per_tile([f(100 * mb, 10)], tiles=2, cores=8, rule=splits.TRINO)
+    trino = splits.per_tile([f(100 * mb, 10)], tiles=2, cores=8, rule=engines.get("trino").scan_split)
     assert sum(t["tasks"] for t in trino) == 4 and sum(t["row_groups"] for t in trino) == 10  # 32 MB initial splits
     # TPC-H SF 1 lineitem in 4 files of 51 MB (13 row groups each): Trino's 32 MB initial splits give each
     # file a large and a small split; dealt round-robin, tile 0 would get every large one (139 / 66 MB);
     # given to the least-loaded tile, the bytes split evenly, as measured (27.14 / 27.16 MB read by Q6)
-    four = splits.per_tile([f(51 * mb, 13) for _ in range(4)], tiles=2, cores=2, rule=splits.TRINO)
+    four = splits.per_tile([f(51 * mb, 13) for _ in range(4)], tiles=2, cores=2, rule=engines.get("trino").scan_split)
     assert [t["tasks"] for t in four] == [4, 4] and [t["row_groups"] for t in four] == [26, 26]
+
+
+def test_a_split_rule_can_describe_files_row_groups_or_partitions_not_only_byte_ranges():
+    def f(groups, size=100):
+        return {"bytes": groups * size, "row_groups": [{"offset": 4 + i * size, "compressed": size, "rows": 10}
+                                                       for i in range(groups)]}
+
+    files = [f(3), f(1), f(2)]
+    by_file = splits.per_tile(files, tiles=2, cores=2, rule=splits.Files())
+    # one task per whole file, each to the tile with the least bytes so far: 3 groups on 0, then 1 + 2 on 1
+    assert [t["tasks"] for t in by_file] == [1, 2] and [t["row_groups"] for t in by_file] == [3, 3]
+    by_group = splits.per_tile(files, tiles=2, cores=2, rule=splits.RowGroups())
+    assert [t["tasks"] for t in by_group] == [3, 3] and sum(t["rows"] for t in by_group) == 60
+    owned = splits.per_tile(files, tiles=2, cores=2, rule=splits.FileAffinity())
+    # partitions: file i on tile i mod 2, however uneven (files 0 and 2 on tile 0)
+    assert [t["files"] for t in owned] == [2, 1] and [t["row_groups"] for t in owned] == [5, 1]

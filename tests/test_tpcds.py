@@ -126,7 +126,8 @@ def test_query_selection_through_the_catalog():
 
 def _as_engine(spec: EngineSpec, statement: str, sql: str, stream: int = 0) -> str:
     """The text `spec`'s engine runs for a TPC-DS statement (what the harness asks of its dialect hook)."""
-    return spec.sql(sql, Query("tpcds", queries.query_id(statement), stream, f"q{statement}"))
+    q = queries.query_id(statement)
+    return spec.sql(sql, Query("tpcds", q, stream, f"q{statement}", queries.CATALOG.divisions(q)))
 
 
 # the statements each built-in engine rewrites (engines/<name>/dialect.py documents why)
@@ -147,7 +148,9 @@ def test_engine_rewrites_match_exactly_or_fail():
     stream = {st.id: st.sql for st in queries.stream(5, 1)}
     for name, expected in REWRITTEN.items():
         spec = engines.get(name)
-        assert isinstance(spec.dialect, Rewrites) and set(spec.dialect.table["tpcds"]) == expected
+        # the integer divisions are TPC-DS's fact (its catalog), rewritten with the engine's operator
+        divides = set(queries.INTEGER_DIVISIONS) if spec.capabilities.integer_division else set()
+        assert isinstance(spec.dialect, Rewrites) and set(spec.dialect.table["tpcds"]) | divides == expected
         for sid, st in qs.items():
             assert (_as_engine(spec, sid, st.sql) != st.sql) == (sid in expected), (name, sid)
             assert (_as_engine(spec, sid, stream[sid], 1) != stream[sid]) == (sid in expected), (name, sid)
@@ -158,6 +161,10 @@ def test_engine_rewrites_match_exactly_or_fail():
     plugin = EngineSpec("plug", "Plug", "no dialect hook", runtime="", missing=lambda: None, version=lambda: "1",
                         capabilities=Capabilities())
     assert _as_engine(plugin, "90", qs["90"].sql) == qs["90"].sql
+    divider = EngineSpec("div", "Div", "divides as floats", runtime="", missing=lambda: None, version=lambda: "1",
+                         capabilities=Capabilities(integer_division="DIVIDE"))  # no dialect hook of its own
+    assert "inv_after DIVIDE inv_before" in _as_engine(divider, "21", qs["21"].sql)
+    assert _as_engine(divider, "90", qs["90"].sql) == qs["90"].sql
     for sid in rewrites.REFERENCE:
         assert SPEC.reference_sql(qs[sid].sql, queries.query_id(sid)) != qs[sid].sql
     with pytest.raises(TilewiseError, match="reference q61 rewrite .* matched 0 times"):
@@ -313,8 +320,8 @@ def test_duckdb_answers_are_valid_and_a_tampered_reference_is_caught(tiny, duck)
 # ---- the harness: bench tpcds ------------------------------------------------------------------------------
 
 LOCAL = EngineSpec("local", "Local", "one in-process DuckDB", runtime="", missing=lambda: None,
-                   version=lambda: "test", capabilities=Capabilities(replicas=True),
-                   dialect=engines.get("duckdb").dialect)  # DuckDB's own rewrites
+                   version=lambda: "test", capabilities=Capabilities(replicas=True, integer_division="//"),
+                   dialect=engines.get("duckdb").dialect)  # DuckDB's own rewrites and integer division
 
 
 class LocalDuckDB(Runtime):
@@ -343,10 +350,17 @@ class LocalDuckDB(Runtime):
     def status(self):
         return [InstanceStatus(i.id, None, i.cpus, i.mem_nodes, i.mem_policy, True, True) for i in self.plan.instances]
 
+    def statuses(self):
+        return []  # in process: no process of its own
+
+    def alive(self):
+        return False
+
     def stop(self):
         if getattr(self, "con", None) is not None:
             self.con.close()
             self.con = None
+        return []
 
 
 def test_harness_reports_rewrites_null_order_failures_and_answers_without_reference(tiny, tmp_path):
@@ -383,7 +397,7 @@ def test_an_engine_without_a_dialect_hook_gets_the_text_as_written(tiny, tmp_pat
     from tilewise.bench import tpch as harness
 
     class Plain(LocalDuckDB):
-        spec = dataclasses.replace(LOCAL, dialect=None)
+        spec = dataclasses.replace(LOCAL, dialect=None, capabilities=Capabilities(replicas=True))
 
     cfg = harness.Config(engine="duckdb", benchmark="tpcds", sf=TINY, data_dir=tiny.dir.parent, policies="wim",
                          queries=[7, 21], runs=1, warmup=False, streams=1, params="qualification",

@@ -203,10 +203,17 @@ class LocalEngine(Runtime):
     def status(self):
         return [InstanceStatus(i.id, None, i.cpus, i.mem_nodes, i.mem_policy, True, True) for i in self.plan.instances]
 
+    def statuses(self):
+        return []  # in process: no process of its own
+
+    def alive(self):
+        return False
+
     def stop(self):
         for con in getattr(self, "dbs", {}).values():
             con.close()
         self.dbs = {}
+        return []
 
 
 class Steps(tpch.Reporter):

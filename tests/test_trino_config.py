@@ -12,7 +12,7 @@ import pytest
 from tilewise import plan, topology
 from tilewise.data import TABLES, Dataset
 from tilewise.engines import memory
-from tilewise.engines.trino import cluster as tc
+from tilewise.engines.trino import runtime as tc
 from tilewise.engines.trino import hive as th
 from tilewise.errors import TilewiseError, UsageError
 

@@ -374,7 +374,7 @@ class _Ctx:
         key = (n, stream)
         if key not in self._engine_sql:
             text = self.queries.sql(n, stream)
-            q = Query(self.cfg.benchmark, n, stream, self.queries.key(n, stream))
+            q = Query(self.cfg.benchmark, n, stream, self.queries.key(n, stream), self.queries.catalog.divisions(n))
             sql = self.engine.sql(text, q) if self.engine is not None else text
             self._engine_sql[key] = self.route(sql) if self.route is not None else sql
         return self._engine_sql[key]

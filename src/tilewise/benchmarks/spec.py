@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -154,6 +154,16 @@ class Catalog:
     ids: tuple[QueryId, ...]
     text: Callable[[QueryId], str]
     order: Callable[[int], Sequence[QueryId]]  # stream s -> every id, in that stream's order
+    # where a query's text divides an integer by an integer, as `(left)/(right)`: {query id as text:
+    # (the pattern, how often it occurs)}. The SQL standard truncates such a quotient; an engine whose
+    # `/` divides as floating point rewrites these with its own integer division
+    # (Capabilities.integer_division), so the benchmark states the fact and the engine the operator
+    integer_divisions: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+
+    def divisions(self, q: QueryId) -> tuple[tuple[str, int], ...]:
+        """Query q's integer divisions (Catalog.integer_divisions), for engines.contract.Query."""
+        d = self.integer_divisions.get(str(q))
+        return (d,) if d else ()
 
     def stream_order(self, stream: int, selected: Iterable[QueryId] | None = None) -> list[QueryId]:
         """The ids of `selected` (default: all) in the order stream `stream` runs them."""

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from tilewise import cpulist, verification
+from tilewise import cpulist, sqlrewrite, verification
 from tilewise.binding import Binding
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.splits import SplitRule
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.parts import Part
+from tilewise.sqlrewrite import Rule
 
 if TYPE_CHECKING:  # only for annotations: the contract imports no engine and no data module
     from tilewise.data import Dataset
@@ -65,6 +66,10 @@ class Capabilities:
     # aborts when another one is preloaded (memory one allocates, the other frees), so `tune
     # --engine` sweeps no allocators for it and says why
     linked_allocator: str | None = None
+    # the engine's integer division where its `/` divides integers as floating point ("//" in DuckDB,
+    # "div" in Spark, "DIV" in ClickHouse); None: its `/` truncates, as the SQL standard says. A
+    # benchmark query's integer divisions (Query.integer_divisions) are rewritten with it
+    integer_division: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,9 @@ class Query:
     id: int | str  # the query's id in its benchmark's catalog: 6, or "2a" where a query has parts
     stream: int  # 0: the power test; 1..S: the throughput test's streams
     key: str  # the reference-answer name: equal text, equal key ("q01" for TPC-H's validation text)
+    # where the text divides an integer by an integer: (pattern with two groups, occurrences), from
+    # the benchmark's catalog (benchmarks.spec.Catalog.divisions)
+    integer_divisions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,12 @@ class EngineSpec:
         return cls
 
     def sql(self, text: str, query: Query) -> str:
-        """The text this engine runs for a benchmark query (its dialect hook applied, if any)."""
+        """The text this engine runs for a benchmark query: its integer divisions in the engine's
+        operator (capabilities.integer_division), then its dialect hook, if any."""
+        op = self.capabilities.integer_division
+        if op and query.integer_divisions:
+            rules = [Rule(pat, rf"\1 {op} \2", n) for pat, n in query.integer_divisions]
+            text = sqlrewrite.apply(rules, text, f"{self.name} {query.benchmark} q{query.id}", __name__)
         return self.dialect(text, query) if self.dialect is not None else text
 
     def check_allocator(self, allocator: str, option: str = "--allocator") -> None:
@@ -151,13 +164,15 @@ class Progress:
 
 class ArrowRows(Sequence):
     """The rows of a query result whose first rows came as tuples and the rest as an Arrow IPC
-    stream, turned into Python tuples only when first used (after the harness's clock stopped): the
-    values equal what DuckDB's fetchall() returns (Decimal, date, str, int, float; HUGEINT exported
-    losslessly becomes int)."""
+    stream, turned into Python tuples only when first used (after the harness's clock stopped).
+    column_values: how the engine's Arrow columns become Python values (default: to_pylist; an engine
+    with a type of its own converts it in its folder: DuckDB's HUGEINT, engines/duckdb/types.py)."""
 
-    def __init__(self, head: list[tuple], ipc: bytes | bytearray | memoryview) -> None:
+    def __init__(self, head: list[tuple], ipc: bytes | bytearray | memoryview,
+                 column_values: Callable | None = None) -> None:
         self._head = head
         self._ipc = ipc
+        self._column_values = column_values or (lambda col: col.to_pylist())
         self._table = None
         self._rows: list[tuple] | None = None
 
@@ -172,7 +187,7 @@ class ArrowRows(Sequence):
 
     def _materialise(self) -> list[tuple]:
         if self._rows is None:
-            cols = [_column_values(c) for c in self.table.columns]
+            cols = [self._column_values(c) for c in self.table.columns]
             self._rows = list(self._head) + (list(zip(*cols)) if cols else [])
         return self._rows
 
@@ -190,18 +205,6 @@ class ArrowRows(Sequence):
 
     def __repr__(self) -> str:
         return f"ArrowRows({len(self)} rows)"
-
-
-def _column_values(col) -> list:
-    """Python values of one Arrow column; DuckDB's lossless HUGEINT/UHUGEINT (16 bytes) -> int."""
-    t = col.type
-    if getattr(t, "extension_name", "") == "arrow.opaque":
-        name = getattr(t, "type_name", "")
-        if name in ("hugeint", "uhugeint"):
-            signed = name == "hugeint"
-            return [None if b is None else int.from_bytes(b, "little", signed=signed)
-                    for chunk in col.chunks for b in chunk.storage.to_pylist()]
-    return col.to_pylist()
 
 
 @dataclass

@@ -37,21 +37,3 @@ class Rewrites:
         if not rules:
             return sql
         return sqlrewrite.apply(rules, sql, f"{self.engine} {query.benchmark} q{query.id}", self.module)
-
-
-# Where TPC-DS divides an integer by an integer (statement: the division as written, as
-# `(left)/(right)`, and how often it occurs): the SQL standard (and DataFusion, Trino, PostgreSQL)
-# truncates, while DuckDB, Spark and ClickHouse divide as floating point, so each of those engines
-# rewrites these into its own integer division (`integer_divisions`).
-TPCDS_INTEGER_DIVISIONS = {
-    "21": (r"(inv_after) / (inv_before)", 1),
-    "34": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
-    "73": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
-    "78": (r"(round\(ss_qty)/(\()", 1),
-    "83": (r"(\w\w_item_qty)/(\(sr_item_qty\+cr_item_qty\+wr_item_qty\)/3\.0)", 3),
-}
-
-
-def integer_divisions(operator: str) -> dict[str, list[Rule]]:
-    """TPC-DS's integer divisions rewritten with the engine's integer-division `operator`."""
-    return {q: [Rule(pat, rf"\1 {operator} \2", n)] for q, (pat, n) in TPCDS_INTEGER_DIVISIONS.items()}

@@ -23,6 +23,7 @@ first used, after the harness's clock stopped (docs/overhead.md).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -32,6 +33,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -56,6 +58,31 @@ class ServerError(ClusterError):
     pass
 
 
+class Router:
+    """Where a query runs on a replica engine (every instance holds a full copy): the instance asked
+    for, else the least busy one (fewest queries in flight, then the lowest id) among the candidates.
+    Used by every replica engine's run_query (the serve-based servers here, PostgreSQL's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.inflight: dict[int, int] = {}
+
+    @contextlib.contextmanager
+    def route(self, candidates: Sequence[int], instance: int | None = None) -> Iterator[int]:
+        """The instance the query runs on, counted in flight while the block runs."""
+        with self._lock:
+            if instance is None:
+                if not candidates:
+                    raise TilewiseError("this cluster has no instance to run the query on")
+                instance = min(candidates, key=lambda i: (self.inflight.get(i, 0), i))
+            self.inflight[instance] = self.inflight.get(instance, 0) + 1
+        try:
+            yield instance
+        finally:
+            with self._lock:
+                self.inflight[instance] -= 1
+
+
 @dataclass
 class _Pending:
     rid: int = 0
@@ -76,9 +103,9 @@ class Client:
     read_lock: threading.Lock = field(default_factory=threading.Lock)  # held by the thread reading
     cond: threading.Condition = field(default_factory=threading.Condition)  # guards pending/dead
     pending: dict = field(default_factory=dict)
-    inflight: int = 0
     dead: str = ""
     hint: str = "check it runs: tilewise status"
+    column_values: Callable | None = None  # the engine's Arrow -> Python conversion (ArrowRows)
 
     _ids: ClassVar = itertools.count(1)
 
@@ -105,7 +132,8 @@ class Client:
         reply = self.request({"op": "query", "sql": sql}, "running a query", timeout_s)
         if not reply.get("ok"):
             raise TilewiseError(f"{self.title} instance {self.instance} rejected the query: {reply.get('error')}")
-        rows = ArrowRows(reply["rows"], reply["payload"]) if "payload" in reply else reply["rows"]
+        rows = (ArrowRows(reply["rows"], reply["payload"], self.column_values) if "payload" in reply
+                else reply["rows"])
         return QueryResult(reply["columns"], rows, reply["elapsed_s"], self.instance)
 
     def info(self, timeout_s: float | None = None) -> dict:
@@ -223,6 +251,7 @@ class ReplicaServers(ProcessCluster):
 
     server_module: ClassVar[str]
     workdir: ClassVar[bool] = False
+    column_values: ClassVar[Callable | None] = None  # the engine's Arrow -> Python conversion (ArrowRows)
     STOP_ORDER: ClassVar[dict[str, int]] = {"worker": 1}
     error_cls: ClassVar[type[TilewiseError]] = ServerError
     start_timeout_s: ClassVar[float] = START_TIMEOUT_S
@@ -231,7 +260,8 @@ class ReplicaServers(ProcessCluster):
         super().__init__(*args, **kwargs)
         self._clients: dict[int, Client] = {}
         self._every: list[Client] = []  # every instance's connection, once all were made
-        self._route = threading.Lock()
+        self._route = threading.Lock()  # guards the connections
+        self.router = Router()
         self.dataset = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -320,7 +350,7 @@ class ReplicaServers(ProcessCluster):
                              f"instances are {', '.join(map(str, ids))}" if ids else "start it with tilewise up")
         hint = ("check it runs: tilewise status" if self.detach else
                 "the run was stopped and every other instance shut down")
-        c = Client(m.extra["socket"], instance, self.title, m, hint=hint).connect()
+        c = Client(m.extra["socket"], instance, self.title, m, hint=hint, column_values=self.column_values).connect()
         with self._route:
             if instance in self._clients:  # another thread connected meanwhile: keep one connection
                 c.close()
@@ -331,21 +361,12 @@ class ReplicaServers(ProcessCluster):
     def run_query(self, sql: str, *, instance: int | None = None, timeout_s: float | None = None) -> QueryResult:
         if self._stopped:
             raise TilewiseError(f"the {self.title} engine was stopped")
+        candidates: list[int] = []
         if instance is None:
             every = self._every or self._connect_all()
-            with self._route:
-                live = [c for c in every if not c.dead] or every
-                c = min(live, key=lambda x: (x.inflight, x.instance))
-                c.inflight += 1
-        else:
-            c = self.client(instance)
-            with self._route:
-                c.inflight += 1
-        try:
-            return c.query(sql, timeout_s)
-        finally:
-            with self._route:
-                c.inflight -= 1
+            candidates = [c.instance for c in every if not c.dead] or [c.instance for c in every]
+        with self.router.route(candidates, instance) as i:
+            return self.client(i).query(sql, timeout_s)
 
     def _connect_all(self) -> list[Client]:
         """A connection to every instance (kept: routing looks at them on every query)."""

@@ -21,17 +21,51 @@ happened is measured per tile (Runtime.scan_stats). The engines' own rules, with
 
 So a layout's file count and row-group size decide how evenly the tiles share a table's scan: one
 file of one row group is one task, on one tile, whatever the deployment.
+
+A rule is one SplitRule: it cuts the files into tasks (each task the row groups it reads) and, by
+default, hands them out as described above. ByteRanges describes the engines that cut files into
+byte ranges (Spark's and Trino's values live in their engine folders); Files and RowGroups
+describe engines whose tasks are whole files or row groups; FileAffinity an engine whose tiles own
+files (file i on tile i mod N) and read only those: partitions, not tasks handed out on demand.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 MB = 1 << 20
 
+Task = list[tuple[int, int]]  # the (file index, row-group index) pairs one task reads
+
+
+class SplitRule(abc.ABC):
+    """How an engine turns a table's files into tasks, and which tile runs each."""
+
+    open_cost_bytes: int = 0  # what the engine counts per task beside its bytes (Spark's open cost)
+
+    @abc.abstractmethod
+    def tasks(self, files: list[dict], cores: int) -> list[Task]:
+        """The tasks in the order the engine hands them out."""
+
+    def assign(self, tasks: list[Task], tiles: int, files: list[dict]) -> list[int]:
+        """The tile of each task: the tile with the least work so far (bytes + open cost per task,
+        then the fewest tasks, then the lowest tile), as workers of equal speed ask for work."""
+        work = [[0, 0] for _ in range(max(1, tiles))]  # bytes, tasks
+        out = []
+        for task in tasks:
+            t = min(range(len(work)), key=lambda t: (work[t][0] + work[t][1] * self.open_cost_bytes, work[t][1], t))
+            work[t][0] += sum(files[i]["row_groups"][g]["compressed"] for i, g in task)
+            work[t][1] += 1
+            out.append(t)
+        return out
+
 
 @dataclass(frozen=True)
-class SplitRule:
+class ByteRanges(SplitRule):
+    """Files cut into byte ranges (Spark, Trino: the module doc); a row group belongs to the range
+    holding its midpoint or its first byte."""
+
     max_split_bytes: int
     open_cost_bytes: int = 0
     per_core: bool = False  # Spark: the split size shrinks so that every core gets a split
@@ -40,12 +74,41 @@ class SplitRule:
     initial_splits: int = 0  # Trino: the first N splits are smaller
     initial_split_bytes: int = 0
 
+    def tasks(self, files: list[dict], cores: int) -> list[Task]:
+        out = []
+        for task in _splits(files, self, cores):
+            groups = []
+            for i, start, length in task:
+                for g, rg in enumerate(files[i]["row_groups"]):
+                    at = rg["offset"] + (rg["compressed"] // 2 if self.row_group_at == "midpoint" else 0)
+                    if start <= at < start + max(length, 1):
+                        groups.append((i, g))
+            out.append(groups)
+        return out
 
-SPARK = SplitRule(128 * MB, 4 * MB, per_core=True, pack=True, row_group_at="midpoint")
-TRINO = SplitRule(64 * MB, 0, row_group_at="start", initial_splits=200, initial_split_bytes=32 * MB)
+
+class Files(SplitRule):
+    """One task per file, in file order."""
+
+    def tasks(self, files: list[dict], cores: int) -> list[Task]:
+        return [[(i, g) for g in range(len(f["row_groups"]))] for i, f in enumerate(files)]
 
 
-def _splits(files: list[dict], rule: SplitRule, cores: int) -> list[list[tuple[int, int, int]]]:
+class RowGroups(SplitRule):
+    """One task per row group, in file order."""
+
+    def tasks(self, files: list[dict], cores: int) -> list[Task]:
+        return [[(i, g)] for i, f in enumerate(files) for g in range(len(f["row_groups"]))]
+
+
+class FileAffinity(Files):
+    """Tiles own files: file i is read by tile i mod N, whatever the others do (partitions)."""
+
+    def assign(self, tasks: list[Task], tiles: int, files: list[dict]) -> list[int]:
+        return [i % max(1, tiles) for i in range(len(tasks))]
+
+
+def _splits(files: list[dict], rule: ByteRanges, cores: int) -> list[list[tuple[int, int, int]]]:
     """Tasks, each a list of (file index, start, length)."""
     if rule.per_core:
         total = sum(f["bytes"] + rule.open_cost_bytes for f in files)
@@ -80,23 +143,19 @@ def _splits(files: list[dict], rule: SplitRule, cores: int) -> list[list[tuple[i
 
 def per_tile(files: list[dict], tiles: int, cores: int, rule: SplitRule) -> list[dict]:
     """Per tile, the files, row groups, rows and bytes its tasks read and the task count, each task
-    given to the tile with the least work so far (see the module doc).
+    given to the tile rule.assign picks (see the module doc).
     files: [{"bytes", "row_groups": [{"offset", "compressed", "rows"}]}]."""
-    tasks = _splits(files, rule, cores)
+    tasks = rule.tasks(files, cores)
     out = [{"tile": t, "tasks": 0, "files": 0, "row_groups": 0, "rows": 0, "bytes": 0} for t in range(max(1, tiles))]
     seen: list[set] = [set() for _ in out]
-    for task in tasks:
-        t = min(range(len(out)), key=lambda t: (out[t]["bytes"] + out[t]["tasks"] * rule.open_cost_bytes,
-                                                out[t]["tasks"], t))
+    for task, t in zip(tasks, rule.assign(tasks, tiles, files)):
         out[t]["tasks"] += 1
-        for i, start, length in task:
-            for g in files[i]["row_groups"]:
-                at = g["offset"] + (g["compressed"] // 2 if rule.row_group_at == "midpoint" else 0)
-                if start <= at < start + max(length, 1):
-                    out[t]["row_groups"] += 1
-                    out[t]["rows"] += g["rows"]
-                    out[t]["bytes"] += g["compressed"]
-                    seen[t].add(i)
+        for i, g in task:
+            rg = files[i]["row_groups"][g]
+            out[t]["row_groups"] += 1
+            out[t]["rows"] += rg["rows"]
+            out[t]["bytes"] += rg["compressed"]
+            seen[t].add(i)
     for t, s in enumerate(seen):
         out[t]["files"] = len(s)
     return out

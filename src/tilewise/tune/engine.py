@@ -144,7 +144,8 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
         osw.check_permission(keys)  # admission: before anything is started or written
     writer = Writer(cfg.out, plots=False)
     data = bench.data.dataset(sf, cfg.data_dir, log=rep.message)
-    texts = {bench.catalog.key(q): spec.sql(bench.catalog.text(q), Query(bench.name, q, 0, bench.catalog.ref_key(q)))
+    texts = {bench.catalog.key(q): spec.sql(bench.catalog.text(q), Query(bench.name, q, 0, bench.catalog.ref_key(q),
+                                                                       bench.catalog.divisions(q)))
              for q in qids}
     cases = [{"case": i, "label": c.label(), "config": c.to_json(), "start": None, "runs": [],
               "answers": {"checked": 0, "wrong": [], "not_comparable": []}, "failures": []}

@@ -178,7 +178,19 @@ def _order(stream_no: int) -> list[QueryId]:
     return [query_id(st.id) for st in stream(DEFAULT_SEED, stream_no)]
 
 
-CATALOG = Catalog("TPC-DS", IDS, _text, _order)
+# Where TPC-DS divides an integer by an integer (the division as written, as `(left)/(right)`, and how
+# often it occurs): the SQL standard (and DataFusion, Trino, PostgreSQL) truncates, while DuckDB,
+# Spark and ClickHouse divide as floating point, so each of those rewrites these with its own
+# integer division (engines.contract.Capabilities.integer_division).
+INTEGER_DIVISIONS = {
+    "21": (r"(inv_after) / (inv_before)", 1),
+    "34": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
+    "73": (r"(hd_dep_count)/ (household_demographics\.hd_vehicle_count)", 1),
+    "78": (r"(round\(ss_qty)/(\()", 1),
+    "83": (r"(\w\w_item_qty)/(\(sr_item_qty\+cr_item_qty\+wr_item_qty\)/3\.0)", 3),
+}
+
+CATALOG = Catalog("TPC-DS", IDS, _text, _order, INTEGER_DIVISIONS)
 
 
 class StreamQuerySet(QuerySet):

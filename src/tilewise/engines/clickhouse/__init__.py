@@ -60,7 +60,8 @@ SPEC = EngineSpec(
                               # ClickHouse links jemalloc: chdb aborts (free(): invalid pointer) under any
                               # preloaded allocator (measured with jemalloc, tcmalloc, mimalloc, tbbmalloc)
                               linked_allocator="jemalloc",
-                              reads=("parquet", "csv", "tbl", "json"), switch=True),
+                              reads=("parquet", "csv", "tbl", "json"), switch=True,
+                              integer_division="DIV"),  # its / divides integers as floating point
     missing=missing,
     version=version,
     part=PART,

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import re
 
-from tilewise.engines.dialects import Rewrites, integer_divisions
+from tilewise.engines.dialects import Rewrites
 from tilewise.sqlrewrite import Rule
 
 
@@ -89,7 +89,6 @@ def _name_v1_columns(m: re.Match) -> str:
 _V2_NAMES = Rule(r"(?s)(\bv2 as\(\s*select\s)(.*?)(\sfrom v1, v1 v1_lag\b)", _name_v1_columns, 1)
 
 TPCDS = {
-    **integer_divisions("DIV"),
     "1": [Rule(r"\bSR_[A-Z_]+\b", lambda m: m.group(0).lower(), 1)],  # the column dsqgen drew
     "17": [Rule(r"stddev_samp\((\w+)\)", r"if(count(\1) > 1, stddev_samp(\1), NULL)", 6)],
     "4": [_year_ratio(4)],

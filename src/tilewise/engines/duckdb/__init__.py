@@ -36,7 +36,8 @@ SPEC = EngineSpec(
     runtime="tilewise.engines.duckdb.runtime:DuckDBServers",
     capabilities=Capabilities(replicas=True, refresh=True, join=False,
                               memory=MemoryKnob("DuckDB's memory_limit", minimum_mb=256, fraction=0.8, cap_mb=1 << 30),
-                              reads=("parquet", "csv", "tbl", "json"), switch=True),
+                              reads=("parquet", "csv", "tbl", "json"), switch=True,
+                              integer_division="//"),  # its / divides integers as floating point
     missing=missing,
     version=version,
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)

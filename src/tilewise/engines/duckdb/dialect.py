@@ -15,11 +15,10 @@ TPC-DS (docs/tpcds.md, "Engines"):
 
 from __future__ import annotations
 
-from tilewise.engines.dialects import Rewrites, integer_divisions
+from tilewise.engines.dialects import Rewrites
 from tilewise.sqlrewrite import Rule
 
 TPCDS: dict[str, list[Rule]] = {
-    **integer_divisions("//"),
     "90": [Rule(r"\)\s+at,", ') "at",', 1)],
 }
 

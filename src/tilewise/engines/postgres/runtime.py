@@ -50,6 +50,7 @@ from tilewise.engines.contract import QueryResult
 from tilewise.engines.postgres import SPEC, home, load, settings
 from tilewise.engines.postgres.home import PostgresError
 from tilewise.engines.procgroup import Member, ProcessCluster, free_port, log_tail
+from tilewise.engines.replicas import Router
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write
 from tilewise.plan import Plan
@@ -136,8 +137,8 @@ class PostgresServers(ProcessCluster):
         super().__init__(*args, **kwargs)
         self.dataset = None
         self._idle: dict[int, list] = {}
-        self._inflight: dict[int, int] = {}
-        self._route = threading.Lock()
+        self._route = threading.Lock()  # guards the idle connections
+        self.router = Router()
         self._user: home.RunAs | None = None
         self._roots: set[str] = set()  # the directories this process made (members record theirs too)
 
@@ -451,35 +452,21 @@ class PostgresServers(ProcessCluster):
                 with contextlib.suppress(Exception):
                     conn.close()
 
-    def _pick(self, instance: int | None) -> int:
-        with self._route:
-            if instance is None:
-                ids = [m.instance for m in self.workers()]
-                if not ids:
-                    raise TilewiseError("this PostgreSQL cluster has no instance")
-                instance = min(ids, key=lambda i: (self._inflight.get(i, 0), i))
-            self._inflight[instance] = self._inflight.get(instance, 0) + 1
-            return instance
-
     def run_query(self, sql: str, *, instance: int | None = None, timeout_s: float | None = None) -> QueryResult:
         if self._stopped:
             raise TilewiseError("the PostgreSQL engine was stopped")
-        inst = self._pick(instance)
-        try:
-            with self._connection(inst) as conn:
-                cur = conn.cursor()
-                try:
-                    cur.execute(f"SET statement_timeout = {int(timeout_s * 1000) if timeout_s else 0}")
-                    t0 = time.perf_counter()
-                    cur.execute(sql)
-                    rows = cur.fetchall() if cur.description else []
-                    elapsed = time.perf_counter() - t0
-                except Exception as e:  # noqa: BLE001 - psycopg.Error: one line for the caller
-                    raise self._query_error(inst, e, timeout_s) from None
-                cols = [d.name for d in cur.description] if cur.description else []
-        finally:
-            with self._route:
-                self._inflight[inst] -= 1
+        with self.router.route([m.instance for m in self.workers()], instance) as inst, \
+                self._connection(inst) as conn:
+            cur = conn.cursor()
+            try:
+                cur.execute(f"SET statement_timeout = {int(timeout_s * 1000) if timeout_s else 0}")
+                t0 = time.perf_counter()
+                cur.execute(sql)
+                rows = cur.fetchall() if cur.description else []
+                elapsed = time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - psycopg.Error: one line for the caller
+                raise self._query_error(inst, e, timeout_s) from None
+            cols = [d.name for d in cur.description] if cur.description else []
         return QueryResult(cols, rows, elapsed, inst)
 
     def _query_error(self, inst: int, e: Exception, timeout_s: float | None) -> TilewiseError:

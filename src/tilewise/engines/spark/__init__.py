@@ -1,7 +1,7 @@
 """Spark SQL: a standalone master, one bound worker per plan instance (its executor inherits the
 binding), and a driver process that runs the SQL; the workers cooperate on every query.
 
-The runtime (cluster.SparkCluster) serves `bench tpch` (a driver for the whole run) and
+The runtime (runtime.SparkCluster) serves `bench tpch` (a driver for the whole run) and
 `up/join/status/query/down` (the cluster stays free for users' own applications: `tilewise query`
 starts a driver for its query and stops it after). Workers on other hosts join with `tilewise
 join`. Spark does not write tilewise's tables: no refresh functions. Its memory knob is the worker
@@ -40,9 +40,10 @@ SPEC = EngineSpec(
     name="spark",
     title="Spark",
     summary="a Spark standalone master + one bound worker per instance (they cooperate on every query)",
-    runtime="tilewise.engines.spark.cluster:SparkCluster",
+    runtime="tilewise.engines.spark.runtime:SparkCluster",
     capabilities=Capabilities(replicas=False, refresh=False, join=True, memory=MemoryKnob("worker JVM memory"),
-                              reads=("parquet", "csv", "tbl", "json"), switch=True),
+                              reads=("parquet", "csv", "tbl", "json"), switch=True,
+                              integer_division="div"),  # its / divides integers as floating point
     missing=missing,
     version=version,
     part=PART,
@@ -50,5 +51,7 @@ SPEC = EngineSpec(
     install_help=PART.size,
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)
     endpoint_label="master",
-    scan_split=splits.SPARK,
+    # FilePartition: maxSplitBytes = min(maxPartitionBytes 128 MB, max(openCostInBytes 4 MB, bytes / cores)),
+    # splits packed into partitions, a row group read by the split holding its midpoint
+    scan_split=splits.ByteRanges(128 * splits.MB, 4 * splits.MB, per_core=True, pack=True, row_group_at="midpoint"),
 )

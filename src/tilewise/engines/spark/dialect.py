@@ -15,14 +15,13 @@ TPC-DS (docs/tpcds.md, "Engines"):
 
 from __future__ import annotations
 
-from tilewise.engines.dialects import Rewrites, integer_divisions
+from tilewise.engines.dialects import Rewrites
 from tilewise.sqlrewrite import Rule
 
 # statement: how many double-quoted aliases it has
 _QUOTED_ALIASES = {"16": 3, "32": 1, "50": 5, "62": 5, "92": 1, "94": 3, "95": 3, "99": 5}
 
 TPCDS: dict[str, list[Rule]] = {
-    **integer_divisions("div"),
     **{q: [Rule(r'\bas\s+"([^"]+)"', r"as `\1`", n)] for q, n in _QUOTED_ALIASES.items()},
 }
 

@@ -1,7 +1,7 @@
 """Trino: a coordinator plus one bound worker per plan instance, over the data set's Parquet; the
 workers cooperate on every query.
 
-The runtime (cluster.TrinoCluster) serves `bench tpch` and `up/join/status/query/down`; the data set
+The runtime (runtime.TrinoCluster) serves `bench tpch` and `up/join/status/query/down`; the data set
 is served by the Hive connector through hard links, no copy (hive.py), with statistics gathered once
 per data set. The server is not a pip package: `tilewise engines install trino` downloads it
 (install.py). Trino does not write tilewise's tables: no refresh functions. Memory knobs: the
@@ -51,7 +51,7 @@ SPEC = EngineSpec(
     name="trino",
     title="Trino",
     summary="a Trino coordinator + one bound worker per instance (they cooperate on every query)",
-    runtime="tilewise.engines.trino.cluster:TrinoCluster",
+    runtime="tilewise.engines.trino.runtime:TrinoCluster",
     capabilities=Capabilities(replicas=False, refresh=False, join=True,
                               memory=MemoryKnob("worker JVM heap", default_min_mb=COORDINATOR_MIN_MB),
                               coordinator_memory=MemoryKnob("coordinator JVM heap", default_text="half the smallest "
@@ -66,5 +66,8 @@ SPEC = EngineSpec(
                   "470, 476; about 820 MB"),
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries (TPC-DS)
     endpoint_label="coordinator",
-    scan_split=splits.TRINO,
+    # the Hive connector: the first 200 splits at most 32 MB, then 64 MB; a row group read by the
+    # split its first byte is in
+    scan_split=splits.ByteRanges(64 * splits.MB, 0, row_group_at="start", initial_splits=200,
+                                 initial_split_bytes=32 * splits.MB),
 )
