@@ -133,7 +133,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default="results/trino-figures")
     a = ap.parse_args(argv)
     from tilewise import environment, topology
-    from tilewise.bench import validate
+    from tilewise.benchmarks import validate
     from tilewise.benchmarks.tpch import data as tpch_data
 
     out = Path(a.out)

@@ -16,7 +16,7 @@ import pytest
 from conftest import run_cli
 from test_tpch_metrics import LocalEngine, Steps
 from tilewise import benchmarks
-from tilewise.bench import tpch
+from tilewise.bench import harness
 from tilewise.benchmarks.spec import Catalog, query_number
 from tilewise.errors import UsageError
 
@@ -128,14 +128,14 @@ def test_data_generate_and_bench_find_a_plugin_benchmark(plugin, tmp_path):
     assert doc["dir"] == str(tmp_path / "data" / "tiny-sf1")
     cp = run_cli("bench", "tiny", "--sf", "0.01", "--data-dir", str(tmp_path / "data"), env=env)
     assert cp.returncode == 2 and "Tiny needs SF >= 0.1" in cp.stderr and len(cp.stderr.splitlines()) == 1, cp.stderr
-    cp = run_cli("bench", "tpch", "--benchmark", "tiny", "--params", "skewed", "--out", str(tmp_path / "x"), env=env)
-    assert cp.returncode == 2 and "--params applies to --benchmark jcch or tpcds only" in cp.stderr, cp.stderr
+    cp = run_cli("bench", "tiny", "--params", "skewed", "--out", str(tmp_path / "x"), env=env)
+    assert cp.returncode == 2 and "--params applies to `tilewise bench jcch` or `tilewise bench tpcds` only" in cp.stderr, cp.stderr
 
 
 def test_the_harness_runs_a_plugin_benchmark_by_its_spec(plugin, tmp_path):
-    cfg = tpch.Config(benchmark="tiny", sf=1, policies="wim", runs=1, warmup=False, streams=2, out=tmp_path / "out",
+    cfg = harness.Config(benchmark="tiny", sf=1, policies="wim", runs=1, warmup=False, streams=2, out=tmp_path / "out",
                       data_dir=tmp_path / "data", plots=False, queries=benchmarks.get("tiny").catalog.parse("1,2"))
-    doc = tpch.run(cfg, Steps(), engine_cls=LocalEngine)
+    doc = harness.run(cfg, Steps(), engine_cls=LocalEngine)
     assert doc["complete"] and doc["params"]["benchmark"] == "tiny" and doc["params"]["queries"] == [1, "2a", "2b"]
     assert doc["requested"]["queries"] == ["q1", "q2a", "q2b"]
     assert doc["refresh"]["applied"] is False and doc["refresh"]["reason"] == "Tiny has no refresh functions here"

@@ -73,7 +73,7 @@ def _sums(d: Path) -> dict[str, tuple[str, int]]:
 
 @pytest.mark.parametrize("engine", ["duckdb", "clickhouse"])
 def test_queries_keep_running_and_switch_to_each_checked_copy(tpch_dir, state_env, engine, tmp_path):
-    from tilewise.bench.validate import Reference
+    from tilewise.benchmarks.validate import Reference
     from tilewise.data import Dataset
 
     ref = Reference(Dataset.at(tpch_dir / "sf0.01", sf=0.01))
@@ -102,7 +102,7 @@ def test_queries_keep_running_and_switch_to_each_checked_copy(tpch_dir, state_en
 
 
 def test_a_killed_cracker_leaves_raw_data_untouched_and_a_restart_finishes(tpch_dir, state_env, tmp_path):
-    from tilewise.bench.validate import Reference
+    from tilewise.benchmarks.validate import Reference
     from tilewise.data import Dataset
 
     ref = Reference(Dataset.at(tpch_dir / "sf0.01", sf=0.01))

@@ -1,4 +1,4 @@
-"""bench tpch --benchmark jcch: per-stream JCC-H parameters run, validated and recorded; the same
+"""bench jcch: per-stream JCC-H parameters run, validated and recorded; the same
 parameters for every policy; bad flags; and the TPC-H-next-to-JCC-H comparison of `report`
 (driven with the in-process engine of test_tpch_metrics: no processes, no timing)."""
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from conftest import run_cli
 from test_tpch_metrics import LocalEngine, Steps
 from tilewise.benchmarks.jcch import queries as JQ
-from tilewise.bench import tpch
+from tilewise.bench import harness
 from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.errors import UsageError
 from tilewise.results import model, report
@@ -41,14 +41,14 @@ def _cfg(ds, out, **kw):
     base = dict(benchmark="jcch", sf=0.1, policies="wim,wic", queries=QUERIES, runs=1, warmup=False, streams=2,
                 refresh=False, seed=7, data_dir=ds.dir.parent, out=out, plots=True)
     base.update(kw)
-    return tpch.Config(**base)
+    return harness.Config(**base)
 
 
 @pytest.fixture(scope="module")
 def jcch_run(jcch_sf01, tmp_path_factory):
     Recording.ran = []
     out = tmp_path_factory.mktemp("jcch-run") / "res"
-    doc = tpch.run(_cfg(jcch_sf01, out), Steps(), engine_cls=Recording)
+    doc = harness.run(_cfg(jcch_sf01, out), Steps(), engine_cls=Recording)
     return doc, out, list(Recording.ran)
 
 
@@ -79,7 +79,7 @@ def test_streams_run_their_own_parameters_and_every_answer_is_validated(jcch_run
 
 def test_normal_parameters_and_the_tpch_texts_stay_for_tpch(jcch_sf01, tmp_path):
     Recording.ran = []
-    doc = tpch.run(_cfg(jcch_sf01, tmp_path / "n", params="normal", policies="wim", queries=[13], tests=("power",)),
+    doc = harness.run(_cfg(jcch_sf01, tmp_path / "n", params="normal", policies="wim", queries=[13], tests=("power",)),
                    Steps(), engine_cls=Recording)
     words = doc["query_parameters"]["streams"]["0"]["q13"]
     assert "mine" in words["word1"] and "gold" in words["word2"]
@@ -89,12 +89,17 @@ def test_normal_parameters_and_the_tpch_texts_stay_for_tpch(jcch_sf01, tmp_path)
 def test_bad_flags_are_usage_errors(tmp_path):
     for kw in ({"benchmark": "tpch", "params": "skewed"}, {"benchmark": "jcch", "params": "weird"},
                {"benchmark": "jcch", "sf": 0.001}, {"benchmark": "no-such-benchmark"}, {"benchmark": "jcch", "seed": -1}):
-        cfg = tpch.Config(**{"sf": 0.1, "out": tmp_path / "x", "policies": "wim", **kw})
+        cfg = harness.Config(**{"sf": 0.1, "out": tmp_path / "x", "policies": "wim", **kw})
         with pytest.raises(UsageError):
-            tpch.check_config(cfg)
+            harness.check_config(cfg)
     for args in (["--seed", "1"], ["--params", "normal"], ["--data-seed", "2"]):
         cp = run_cli("bench", "tpch", "--sf", "0.01", *args, "--out", str(tmp_path / "y"))
-        assert cp.returncode == 2 and cp.stderr.startswith("Error: ") and "--benchmark jcch" in cp.stderr, cp.stderr
+        assert cp.returncode == 2 and cp.stderr.startswith("Error: ") and "`tilewise bench jcch`" in cp.stderr, cp.stderr
+    # each benchmark has its own command: the old `bench tpch --benchmark jcch` says which
+    cp = run_cli("bench", "tpch", "--benchmark", "jcch", "--sf", "0.01", "--out", str(tmp_path / "z"))
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [
+        "Error: --benchmark is gone: each benchmark has its own command (`tilewise bench tpch` runs TPC-H); "
+        "use `tilewise bench jcch` with the same options"] and not (tmp_path / "z").exists()
 
 
 # ---- TPC-H next to JCC-H ---------------------------------------------------------------------------
@@ -126,7 +131,7 @@ def test_report_shows_and_plots_tpch_next_to_jcch(jcch_run, tmp_path):
     data = tmp_path / "data"
     tpch_data.ensure_data(0.01, data)
     tout = tmp_path / "tpch"
-    tpch.run(tpch.Config(sf=0.01, policies="wim,wic", queries=QUERIES, runs=1, warmup=False, streams=2, refresh=False,
+    harness.run(harness.Config(sf=0.01, policies="wim,wic", queries=QUERIES, runs=1, warmup=False, streams=2, refresh=False,
                          data_dir=data, out=tout, plots=False), Steps(), engine_cls=LocalEngine)
     cp = run_cli("report", str(tout), str(jcch_out), "--out", str(tmp_path / "cmp"))
     assert cp.returncode == 0, cp.stderr

@@ -10,7 +10,7 @@ import datetime as dt
 import duckdb
 import pytest
 
-from tilewise.bench import validate
+from tilewise.benchmarks import validate
 from tilewise.benchmarks.jcch import queries as JQ
 from tilewise.benchmarks.jcch import rules as J
 from tilewise.benchmarks.tpch import queries as Q

@@ -166,7 +166,7 @@ def test_bench_jcch_every_answer_valid(tag, tmp_path):
     env, value = tag
     data = tmp_path / "jcch"
     out = tmp_path / "res"
-    cp = run_cli("bench", "tpch", "--benchmark", "jcch", "--engine", "postgres", "--sf", "0.01", "--policies", "wim",
+    cp = run_cli("bench", "jcch", "--engine", "postgres", "--sf", "0.01", "--policies", "wim",
                  "--runs", "1", "--no-warmup", "--no-plots", "--data-dir", str(data), "--out", str(out),
                  "--query-timeout", "300", env=env, timeout=900)
     assert cp.returncode == 0, cp.stderr[-3000:]

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tilewise import benchmarks, engines
-from tilewise.bench.validate import values_equal
+from tilewise.benchmarks.validate import values_equal
 from tilewise.benchmarks.jcch import data as jcch_data
 from tilewise.data import TPCH_KEYS, Dataset
 from tilewise.engines.contract import Query

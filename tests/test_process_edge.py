@@ -317,7 +317,7 @@ def test_verification_of_an_allocator_that_is_not_mapped_is_a_mismatch(tmp_path)
 
 def test_bench_records_a_failed_status_call_as_not_checkable():
     from tilewise import plan, topology
-    from tilewise.bench import tpch
+    from tilewise.bench import harness
     from tilewise.engines.contract import InstanceStatus
 
     p = plan.plan(topology.load(None), "wim")
@@ -326,7 +326,7 @@ def test_bench_records_a_failed_status_call_as_not_checkable():
         def status(self):
             raise RuntimeError("worker unreachable")
 
-    [d] = tpch._instances(Broken(), p)
+    [d] = harness._instances(Broken(), p)
     assert d["binding_verified"] is None and d["verification"] == "not checkable"
     assert "status call failed: worker unreachable" in d["detail"]
 
@@ -334,7 +334,7 @@ def test_bench_records_a_failed_status_call_as_not_checkable():
         def status(self):
             return [InstanceStatus(0, 1, (0,), (0,), "first-touch", None, True, "memory default not checkable (x)")]
 
-    [d] = tpch._instances(Mixed(), p)
+    [d] = harness._instances(Mixed(), p)
     assert d["verification"] == "not checkable" and d["binding_verified"] is None
 
 

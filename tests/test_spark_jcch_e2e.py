@@ -18,7 +18,7 @@ def test_bench_jcch_on_spark_validated(tmp_path):
     data = tmp_path / "data"
     jcch.ensure_data(0.01, data)
     out = tmp_path / "res"
-    cp = run_cli("bench", "tpch", "--engine", "spark", "--benchmark", "jcch", "--params", "skewed", "--seed", "3",
+    cp = run_cli("bench", "jcch", "--engine", "spark", "--params", "skewed", "--seed", "3",
                  "--sf", "0.01", "--policies", "wim", "--tests", "power", "--runs", "1", "--no-warmup", "--no-plots",
                  "--queries", "3,7,10,13,18,22", "--out", str(out), "--data-dir", str(data), "--json", timeout=600,
                  env={"TILEWISE_TEST_TAG": str(tmp_path)})

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tilewise.bench import validate as bv
+from tilewise.benchmarks import validate as bv
 from tilewise.benchmarks.spec import Catalog
 from tilewise.benchmarks.tpcds import SPEC, data, kit, queries, rewrites
 from tilewise import engines
@@ -364,7 +364,7 @@ class LocalDuckDB(Runtime):
 
 
 def test_harness_reports_rewrites_null_order_failures_and_answers_without_reference(tiny, tmp_path):
-    from tilewise.bench import tpch as harness
+    from tilewise.bench import harness
 
     class Rejects(LocalDuckDB):
         reject = ("96",)
@@ -394,7 +394,7 @@ def test_an_engine_without_a_dialect_hook_gets_the_text_as_written(tiny, tmp_pat
     """A plug-in engine with no dialect hook runs TPC-DS as written, whatever its name: here DuckDB
     without its rewrites divides q21's integers as floats, and the validator says the answer is wrong
     (which is why DuckDB's folder rewrites it)."""
-    from tilewise.bench import tpch as harness
+    from tilewise.bench import harness
 
     class Plain(LocalDuckDB):
         spec = dataclasses.replace(LOCAL, dialect=None, capabilities=Capabilities(replicas=True))

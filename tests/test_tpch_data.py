@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tilewise.bench import sqlshape
+from tilewise.benchmarks import sqlshape
 from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.benchmarks.tpch import queries
 from tilewise.errors import UsageError

@@ -16,7 +16,7 @@ import pytest
 
 from tilewise import plan as planner
 from tilewise import topology
-from tilewise.bench import tpch
+from tilewise.bench import harness
 from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.benchmarks.tpch import metrics as M
 from tilewise.benchmarks.tpch import queries as Q
@@ -62,18 +62,18 @@ def test_default_streams_and_idle_instances():
 
     assert [M.min_streams(sf) for sf in (0.01, 1, 10, 30, 100, 300, 1000)] == [2, 2, 3, 4, 5, 6, 7]
     plans = [("wim", P(1)), ("wic", P(16))]
-    assert tpch.default_streams(M.min_streams(1.0), True, plans) == 16  # replicas: one stream per instance at least
-    assert tpch.default_streams(M.min_streams(1.0), False, plans) == 2  # cooperating instances: the spec's minimum
-    assert "12 instance(s) stay idle" in tpch.idle_warning("wic", 16, 4, True)
-    assert tpch.idle_warning("wic", 16, 4, False) is None and tpch.idle_warning("wic", 16, 16, True) is None
+    assert harness.default_streams(M.min_streams(1.0), True, plans) == 16  # replicas: one stream per instance at least
+    assert harness.default_streams(M.min_streams(1.0), False, plans) == 2  # cooperating instances: the spec's minimum
+    assert "12 instance(s) stay idle" in harness.idle_warning("wic", 16, 4, True)
+    assert harness.idle_warning("wic", 16, 4, False) is None and harness.idle_warning("wic", 16, 16, True) is None
 
 
 def test_same_deployment_is_recognised():
     one = topology.load("synthetic:Package:1 [NUMANode] L3Cache:1 Core:4 PU:1")
     two = topology.load("synthetic:Package:2 [NUMANode] L3Cache:2 Core:2 PU:1")
-    k1 = {p: tpch.deployment_key(planner.plan(one, p)) for p in ("wim", "win", "wicp", "wicp-mixed", "auto", "wic")}
+    k1 = {p: harness.deployment_key(planner.plan(one, p)) for p in ("wim", "win", "wicp", "wicp-mixed", "auto", "wic")}
     assert k1["wim"] == k1["win"] == k1["wicp"] == k1["wicp-mixed"] == k1["auto"] != k1["wic"]
-    k2 = {p: tpch.deployment_key(planner.plan(two, p)) for p in ("wim", "win", "wicp")}
+    k2 = {p: harness.deployment_key(planner.plan(two, p)) for p in ("wim", "win", "wicp")}
     assert len({k2["wim"], k2["win"], k2["wicp"]}) == 3
 
 
@@ -132,7 +132,7 @@ def test_too_many_sets_for_the_scale_factor_is_a_clear_error(dataset):
 
 
 def test_reference_of_a_refreshed_state_and_the_undo(dataset):
-    from tilewise.bench import validate
+    from tilewise.benchmarks import validate
 
     sets = {s.number: s for s in RF.ensure_sets(dataset, 1)}
     state = RF.State().after("RF1", 1).after("RF2", 1)
@@ -216,7 +216,7 @@ class LocalEngine(Runtime):
         return []
 
 
-class Steps(tpch.Reporter):
+class Steps(harness.Reporter):
     def __init__(self, stop_at: int | None = None):
         self.n, self.stop_at, self.messages = 0, stop_at, []
 
@@ -233,11 +233,11 @@ def _cfg(dataset, tmp_path, **kw):
     base = dict(sf=SF, policies="wim", queries=[1, 6], runs=2, streams=2, out=tmp_path / "out",
                 data_dir=dataset.dir.parent, plots=True)
     base.update(kw)
-    return tpch.Config(**base)
+    return harness.Config(**base)
 
 
 def test_power_and_throughput_tests_with_refresh(dataset, tmp_path):
-    doc = tpch.run(_cfg(dataset, tmp_path), Steps(), engine_cls=LocalEngine)
+    doc = harness.run(_cfg(dataset, tmp_path), Steps(), engine_cls=LocalEngine)
     assert doc["complete"] and not doc["interrupted"] and doc["refresh"]["applied"]
     assert [s["set"] for s in doc["refresh"]["sets"]] == [1, 2, 3]  # power: set 1; throughput: 2 streams
     pol = doc["policies"]["wim"]
@@ -262,8 +262,8 @@ def test_a_replica_that_misses_a_refresh_is_a_wrong_answer(dataset, tmp_path):
     class Skips(LocalEngine):
         skip_refresh_on = (0,)
 
-    with pytest.raises(tpch.WrongAnswer):
-        tpch.run(_cfg(dataset, tmp_path, queries=[1], runs=1, warmup=False), Steps(), engine_cls=Skips)
+    with pytest.raises(harness.WrongAnswer):
+        harness.run(_cfg(dataset, tmp_path, queries=[1], runs=1, warmup=False), Steps(), engine_cls=Skips)
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     q = doc["policies"]["wim"]["queries"]["q1"]
     assert q["valid"] is False and "RF1 of set(s) 1" in q["error"]
@@ -274,7 +274,7 @@ def test_without_refresh_functions_the_results_say_so(dataset, tmp_path):
     class ReadOnly(LocalEngine):
         spec = dataclasses.replace(LOCAL, capabilities=Capabilities(replicas=True, refresh=False))
 
-    doc = tpch.run(_cfg(dataset, tmp_path, refresh=None, runs=1), Steps(), engine_cls=ReadOnly)
+    doc = harness.run(_cfg(dataset, tmp_path, refresh=None, runs=1), Steps(), engine_cls=ReadOnly)
     assert doc["refresh"]["applied"] is False and "cannot write" in doc["refresh"]["reason"]
     assert any("without refresh functions" in n for n in doc["notes"])
     run = doc["policies"]["wim"]["tpch_runs"][0]
@@ -283,7 +283,7 @@ def test_without_refresh_functions_the_results_say_so(dataset, tmp_path):
 
 
 def test_power_test_only(dataset, tmp_path):
-    doc = tpch.run(_cfg(dataset, tmp_path, tests=("power",), runs=1), Steps(), engine_cls=LocalEngine)
+    doc = harness.run(_cfg(dataset, tmp_path, tests=("power",), runs=1), Steps(), engine_cls=LocalEngine)
     run = doc["policies"]["wim"]["tpch_runs"][0]
     assert run["throughput"] is None and run["throughput_at_size"] is None and run["qphh_at_size"] is None
     assert run["power_at_size"] > 0 and [s["set"] for s in doc["refresh"]["sets"]] == [1]
@@ -297,9 +297,9 @@ def test_power_test_only(dataset, tmp_path):
 
 def test_same_deployment_runs_once_and_reports_same_as(dataset, tmp_path):
     t = topology.load(None)
-    same = tpch.deployment_key(planner.plan(t, "auto")) == tpch.deployment_key(planner.plan(t, "wim"))
+    same = harness.deployment_key(planner.plan(t, "auto")) == harness.deployment_key(planner.plan(t, "wim"))
     rep = Steps()
-    doc = tpch.run(_cfg(dataset, tmp_path, policies="wim,auto", runs=1), rep, engine_cls=LocalEngine)
+    doc = harness.run(_cfg(dataset, tmp_path, policies="wim,auto", runs=1), rep, engine_cls=LocalEngine)
     auto = doc["policies"]["auto"]
     if same:  # e.g. one NUMA node: auto is wim
         assert auto["same_as"] == "wim" and not auto["tpch_runs"] and not auto["queries"]
@@ -316,7 +316,7 @@ def test_same_deployment_runs_once_and_reports_same_as(dataset, tmp_path):
 
 def test_interrupted_before_any_timed_run_writes_no_tables_or_plots(dataset, tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        tpch.run(_cfg(dataset, tmp_path, policies="wim,wic"), Steps(stop_at=2), engine_cls=LocalEngine)
+        harness.run(_cfg(dataset, tmp_path, policies="wim,wic"), Steps(stop_at=2), engine_cls=LocalEngine)
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["results.json"]
     doc = model.load(out)
@@ -334,7 +334,7 @@ def test_interrupted_in_the_second_policy_keeps_what_was_measured(dataset, tmp_p
     steps_per_run = 2 + 2 * 2  # power: 2 queries; throughput: 2 streams x 2 queries
     stop = 3 * steps_per_run + 2  # wim: warm-up + 2 runs; then wic's warm-up
     with pytest.raises(KeyboardInterrupt):
-        tpch.run(_cfg(dataset, tmp_path, policies="wim,wic"), Steps(stop_at=stop), engine_cls=LocalEngine)
+        harness.run(_cfg(dataset, tmp_path, policies="wim,wic"), Steps(stop_at=stop), engine_cls=LocalEngine)
     doc = model.load(tmp_path / "out")
     assert doc["interrupted"] and doc["completed"]["policies"] == ["wim"]
     assert doc["completed"]["queries"] == {"wim": ["q1", "q6"]}
@@ -347,7 +347,7 @@ def test_interrupted_in_the_second_policy_keeps_what_was_measured(dataset, tmp_p
 
 
 def test_one_run_reports_no_stdev(dataset, tmp_path):
-    doc = tpch.run(_cfg(dataset, tmp_path, runs=1), Steps(), engine_cls=LocalEngine)
+    doc = harness.run(_cfg(dataset, tmp_path, runs=1), Steps(), engine_cls=LocalEngine)
     q = doc["policies"]["wim"]["queries"]["q1"]
     assert q["n"] == 1 and q["stdev_s"] is None and q["ci95_s"] is None
     assert doc["summary"]["wim"]["total_ci95_s"] is None

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from tilewise.bench import tpch
+from tilewise.bench import harness
 from tilewise.errors import UsageError
 from tilewise.results import model, report, stats
 from tilewise.results.output import Writer
@@ -67,7 +67,7 @@ def test_one_run_has_no_stdev_and_no_interval():
 
 
 def test_policy_list_parsing():
-    assert tpch.parse_policies("wim, wic,n=4") == [("wim", "wim", None), ("wic", "wic", None), ("n=4", "n", 4)]
+    assert harness.parse_policies("wim, wic,n=4") == [("wim", "wim", None), ("wic", "wic", None), ("n=4", "n", 4)]
     for bad in ("", "wim,wim", "n=x"):
         with pytest.raises(UsageError):
-            tpch.parse_policies(bad)
+            harness.parse_policies(bad)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tilewise.bench import sqlshape, validate
-from tilewise.bench.validate import Column
+from tilewise.benchmarks import sqlshape, validate
+from tilewise.benchmarks.validate import Column
 from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.benchmarks.tpch import queries
 from tilewise.data import Dataset

@@ -16,7 +16,7 @@ import pytest
 from conftest import run_cli, wait_gone
 from tilewise import cluster, cpulist, plan, topology
 from tilewise.benchmarks.tpch import queries as Q
-from tilewise.bench import validate
+from tilewise.benchmarks import validate
 from tilewise.benchmarks.tpch import data as tpch_data
 
 pytestmark = [pytest.mark.trino, pytest.mark.usefixtures("trino_ready")]

@@ -139,7 +139,7 @@ import json, sys
 qs = json.loads(sys.argv[1])
 try:  # a harness with TPC-H's power test: stream 0's order and SQL
     from tilewise.benchmarks.tpch.queries import stream_order
-    from tilewise.bench.tpch import query_sql
+    from tilewise.bench.harness import query_sql
     out = [(n, query_sql(n, 0)) for n in stream_order(0, qs)]
 except ImportError:
     from tilewise.benchmarks.tpch.queries import load

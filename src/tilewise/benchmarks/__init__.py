@@ -50,11 +50,17 @@ TAKES: dict[str, Callable[[Benchmark], bool]] = {
 }
 
 
-def check_flag(spec: Benchmark, flag: str, value, takes: str) -> None:
+def check_flag(spec: Benchmark, flag: str, value, takes: str, *, command: str = "bench") -> None:
     """`flag` (setting what TAKES[takes] says) given, not None, to a benchmark that takes none: one
-    usage error naming the benchmarks that do."""
+    usage error naming the benchmarks that do (as `tilewise bench NAME`, or with command="data",
+    `--benchmark NAME`)."""
     if value is None or TAKES[takes](spec):
         return
     others = [b.name for b in loadable() if TAKES[takes](b)]
-    where = f"--benchmark {' or '.join(others)}" if others else "no benchmark here"
+    if not others:
+        where = "no benchmark here"
+    elif command == "bench":
+        where = " or ".join(f"`tilewise bench {o}`" for o in others)
+    else:
+        where = f"--benchmark {' or '.join(others)}"
     raise UsageError(f"{flag} applies to {where} only", f"drop {flag} for {spec.title}")

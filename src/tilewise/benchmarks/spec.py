@@ -20,7 +20,7 @@ exports one :class:`Benchmark`. The spec gives:
   the harness applies them only where the engine can write too;
 - ``title``, ``about`` and ``heading()``: what the command line and the reports call it.
 
-The harness (tilewise.bench.tpch), ``tilewise data`` and ``tilewise bench`` know benchmarks only
+The harness (tilewise.bench.harness), ``tilewise data`` and ``tilewise bench`` know benchmarks only
 through this contract and the registry (tilewise.benchmarks): a new benchmark is its own folder.
 """
 

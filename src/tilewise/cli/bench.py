@@ -10,7 +10,6 @@ from tilewise.cli import LazyGroup
 
 # name -> "module:attribute"; a new command is one line here (a registered benchmark needs none).
 BENCH_COMMANDS = {
-    "tpch": "tilewise.cli.bench_tpch:tpch",
     "elastic": "tilewise.cli.bench_elastic:bench_elastic",
     "elastic-tick": "tilewise.cli.bench_tick:bench_tick",
     "overhead": "tilewise.cli.bench_overhead:overhead",
@@ -28,7 +27,7 @@ class BenchGroup(LazyGroup):
             return super().get_command(ctx, name)
         if name not in benchmarks.names():
             return None
-        from tilewise.cli.bench_tpch import make_command
+        from tilewise.cli.bench_harness import make_command
         from tilewise.cli.common import harden
 
         return harden(make_command(name))

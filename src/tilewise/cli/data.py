@@ -63,7 +63,7 @@ def generate_cmd(benchmark, sf, data_dir, seed, as_json):
     Example: tilewise data generate --benchmark jcch --sf 1 --seed 0
     """
     spec = benchmarks.get(benchmark)
-    benchmarks.check_flag(spec, "--seed", seed, "data_seed")
+    benchmarks.check_flag(spec, "--seed", seed, "data_seed", command="data")
     t0 = time.monotonic()
     with DataProgress() as prog:
         ds = spec.dataset(sf, data_dir, seed=seed, log=prog.message, progress=prog)
@@ -99,7 +99,7 @@ def check_cmd(benchmark, sf, data_dir, seed, set_dir, gen, as_json):
     Exits 1 when one fails. Example: tilewise data check --benchmark jcch --sf 1
     """
     spec = benchmarks.get(benchmark)
-    benchmarks.check_flag(spec, "--seed", seed, "data_seed")
+    benchmarks.check_flag(spec, "--seed", seed, "data_seed", command="data")
     data = spec.data
     sf_v = data.check_sf(sf)
     seed_v = data.check_seed(data.default_seed if seed is None else seed) if data.seeded else None

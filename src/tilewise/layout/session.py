@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from tilewise import benchmarks, engines, topology
 from tilewise import plan as planner
-from tilewise.bench import sqlshape, validate
+from tilewise.benchmarks import sqlshape, validate
 from tilewise.data import Dataset, raw
 from tilewise.data import layouts as L
 from tilewise.data.sources import scan_files

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 from tilewise import benchmarks, engines, topology, verification
 from tilewise import plan as planner
-from tilewise.bench import validate
+from tilewise.benchmarks import validate
 from tilewise.binding import Binding
 from tilewise.engines.contract import Query
 from tilewise.environment import system_check

@@ -35,8 +35,9 @@ from pathlib import Path
 
 from tilewise import allocators, benchmarks, changes, cpulist, engines, topology
 from tilewise import plan as planner
-from tilewise.bench import far_memory, on_layout, validate
-from tilewise.bench.validate import RULES, NoReference
+from tilewise.bench import far_memory, on_layout
+from tilewise.benchmarks import validate
+from tilewise.benchmarks.validate import RULES, NoReference
 from tilewise.data.sources import scan_files
 from tilewise.engines import splits
 from tilewise.benchmarks.spec import Benchmark, Measured, QueryId, QuerySet, check_seed

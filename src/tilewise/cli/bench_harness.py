@@ -1,7 +1,6 @@
-"""`tilewise bench tpch` and `tilewise bench <benchmark>`: a benchmark per deployment policy,
-validated, with results.json/CSV/plots. One command per benchmark of the registry
-(tilewise.benchmarks), its options from the benchmark's spec; `bench tpch` also takes
---benchmark NAME (any registered benchmark)."""
+"""`tilewise bench <benchmark>`: a benchmark per deployment policy, validated, with
+results.json/CSV/plots. One command per benchmark of the registry (tilewise.benchmarks: `bench
+tpch`, `bench jcch`, `bench tpcds`, a plug-in's), its options from the benchmark's spec."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from tilewise.benchmarks.spec import check_seed
 from tilewise.cli.common import (AT_LEAST_1, SECONDS, ProgressBars, console, emit_json, json_option,
                                  topology_option)
 from tilewise.cli.engines import LazyHelpOption, memory_help
+from tilewise.errors import UsageError
 
 
 class _RichReporter(ProgressBars):
@@ -46,44 +46,31 @@ class _RichReporter(ProgressBars):
             self.task = None
 
 
-def make_command(name: str, *, choose: bool = False) -> click.Command:
-    """The harness command for the benchmark `name`; with choose=True it also takes --benchmark (any
-    registered benchmark, default `name`) and the options of every benchmark (`bench tpch`)."""
-    specs = benchmarks.loadable() if choose else [benchmarks.get(name)]
+def make_command(name: str) -> click.Command:
+    """The harness command for the benchmark `name`, its options from the benchmark's spec."""
     own = benchmarks.get(name)
-    param_sets = [(b, b.params) for b in specs if b.params is not None]
-    choices = list(dict.fromkeys(c for _, p in param_sets for c in p.choices))
-    seeded_queries = [b for b in specs if b.query_seed]
-    seeded_data = [b for b in specs if b.data.seeded]
-    strict = [b for b in specs if b.data.sf_rule != own.data.sf_rule]
     functions = f" {'/'.join(own.refresh.functions)}" if own.refresh else ""
 
     opts = [
         click.option("--engine", "-e", default=engines.DEFAULT_BENCH, show_default=True, cls=LazyHelpOption,
                      help_text=lambda: f"Engine: {', '.join(engines.names())} (`tilewise engines list`)."),
     ]
-    if choose:
-        opts.append(click.option(
-            "--benchmark", "-b", type=click.Choice(benchmarks.names()), default=name, show_default=True,
-            help="; ".join(f"{b.name}: {b.about}" for b in specs) + "."))
-    if param_sets:
-        opts.append(click.option(
-            "--params", "qparams", type=click.Choice(choices), default=None,
-            help="Query parameters, drawn per stream: " + "; ".join(
-                (f"{b.title}: " if choose else "") + p.help for b, p in param_sets) + "."))
-    if seeded_queries:
-        opts.append(click.option(
-            "--seed", default=None, metavar="S",
-            help=f"{'/'.join(b.title for b in seeded_queries) + ': s' if choose else 'S'}eed of the query parameters; "
-                 "each stream draws its own (default 0)."))
-    if seeded_data:
-        opts.append(click.option(
-            "--data-seed", default=None, metavar="S",
-            help=f"{'/'.join(b.title for b in seeded_data) + ': s' if choose else 'S'}eed of the data generator "
-                 "(default 0)."))
-    rule = "; ".join([own.data.sf_rule] + [f"{b.title} {b.data.sf_rule}" for b in strict if b is not own])
+    # `bench tpch --benchmark NAME` ran another benchmark before each had its own command: refused,
+    # naming the command to use (hidden from the help)
+    opts.append(click.option("--benchmark", "-b", "other", default=None, hidden=True))
+    # what only some benchmarks take: shown where the benchmark takes it; elsewhere hidden, and refused
+    # in one line naming the benchmarks that take it (benchmarks.check_flag)
     opts += [
-        click.option("--sf", default="1", show_default=True, help=f"Scale factor ({rule}), e.g. 1 or 0.01."),
+        click.option("--params", "qparams", default=None, hidden=own.params is None,
+                     type=click.Choice(own.params.choices) if own.params is not None else None,
+                     help=f"Query parameters, drawn per stream: {own.params.help}." if own.params else None),
+        click.option("--seed", default=None, metavar="S", hidden=not own.query_seed,
+                     help="Seed of the query parameters; each stream draws its own (default 0)."),
+        click.option("--data-seed", default=None, metavar="S", hidden=not own.data.seeded,
+                     help="Seed of the data generator (default 0)."),
+    ]
+    opts += [
+        click.option("--sf", default="1", show_default=True, help=f"Scale factor ({own.data.sf_rule}), e.g. 1 or 0.01."),
         click.option("--policies", "-p", default="wim,wic,auto", show_default=True,
                      help="Comma-separated deployment policies; the first is the baseline (n=K for K instances)."),
         click.option("--streams", "-s", type=AT_LEAST_1, default=None,
@@ -137,28 +124,24 @@ def make_command(name: str, *, choose: bool = False) -> click.Command:
         json_option,
     ]
 
-    def command(**kw):
-        _run(kw.pop("benchmark", name), **kw)
+    def command(other, **kw):
+        if other is not None:
+            raise UsageError(f"--benchmark is gone: each benchmark has its own command (`tilewise bench {name}` "
+                             f"runs {own.title})", f"use `tilewise bench {other}` with the same options")
+        _run(name, **kw)
 
-    command.__doc__ = _help(own, [b for b in specs if b is not own] if choose else None)
+    command.__doc__ = _help(own)
     for opt in reversed(opts):
         command = opt(command)
     return click.command(name)(command)
 
 
-def _help(spec, others: list | None) -> str:
-    """The command's help: `spec`'s, and with others (bench tpch) how --benchmark runs them."""
+def _help(spec) -> str:
+    """The command's help, from the benchmark's spec."""
     text = f"""Run {spec.title} under each deployment policy: per run a power test and a throughput test
     (with the refresh functions where the benchmark has them and the engine can write), every answer
     validated; report per-query times, speedups and {', '.join(t for _, t in spec.metrics.names)}."""
     example = f"tilewise bench {spec.name} --sf 1 --policies wim,wic,auto --runs 3 --out results/{spec.name}"
-    if others:
-        text += " --benchmark NAME runs another benchmark instead: " + "; ".join(
-            f"{b.name}, {b.about}" for b in others) + "."
-        b = next((b for b in others if b.params is not None), others[0])
-        params = f" --params {b.params.default}" if b.params is not None else ""
-        example += (f"\n             tilewise bench {spec.name} --benchmark {b.name}{params} --sf 1 "
-                    f"--out results/{b.name}")
     return f"{text}\n\n    \b\n    Example: {example}\n    "
 
 
@@ -166,7 +149,7 @@ def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_
          allocator, config_path, data_dir, mem, smt, worker_memory, no_warmup, no_plots, inject, as_json,
          qparams=None, seed=None, data_seed=None, mem_variants=None, layout=None, layout_dir=None,
          query_timeout=None):
-    from tilewise.bench import far_memory, tpch as harness
+    from tilewise.bench import far_memory, harness
 
     spec = benchmarks.get(benchmark)
     for flag, value, takes in (("--params", qparams, "params"), ("--seed", seed, "seed"),
@@ -200,8 +183,6 @@ def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_
             raise
     _final(out, cfg, as_json, failed=False, doc=doc)
 
-
-tpch = make_command("tpch", choose=True)
 
 
 def _final(out, cfg, as_json: bool, failed: bool, doc: dict | None = None) -> None:

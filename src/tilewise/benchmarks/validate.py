@@ -50,7 +50,7 @@ from decimal import ROUND_DOWN, ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, Invalid
 from pathlib import Path
 
 from tilewise import benchmarks
-from tilewise.bench import sqlshape
+from tilewise.benchmarks import sqlshape
 from tilewise.data import Dataset
 from tilewise.errors import TilewiseError
 from tilewise.fsutil import atomic_write_json
