@@ -140,7 +140,7 @@ def test_the_harness_runs_a_plugin_benchmark_by_its_spec(plugin, tmp_path):
     assert doc["requested"]["queries"] == ["q1", "q2a", "q2b"]
     assert doc["refresh"]["applied"] is False and doc["refresh"]["reason"] == "Tiny has no refresh functions here"
     assert "no QphT: Tiny has no refresh functions here" in doc["notes"]
-    run = doc["policies"]["wim"]["tpch_runs"][0]
+    run = doc["policies"]["wim"]["runs"][0]
     assert run["power"]["order"] == [1, "2a", "2b"] and run["power"]["refresh"] == "none"
     assert [s["order"] for s in run["throughput"]["streams"]] == [["2b", "2a", 1], [1, "2a", "2b"]]
     assert run["power_at_size"] > 0 and run["throughput_at_size"] > 0 and run["qpht"] is None

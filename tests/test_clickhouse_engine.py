@@ -105,7 +105,7 @@ def test_bench_tpch_every_answer_valid(tmp_path, data_root):
         assert all(rec["valid"] is True for rec in pol["queries"].values()), \
             {q: rec.get("detail") or rec.get("error") for q, rec in pol["queries"].items() if rec["valid"] is not True}
         assert pol["queries"]["q5"]["rewritten"] is True and not pol["queries"]["q13"].get("rewritten")
-        for r in pol["tpch_runs"]:
+        for r in pol["runs"]:
             assert r["power"]["rf1_s"] > 0 and r["qphh_at_size"] > 0
     assert not _servers(str(tmp_path))
 
@@ -201,7 +201,7 @@ def test_sigint_of_bench_leaves_nothing(tmp_path, data_root):
         while time.monotonic() < deadline and proc.poll() is None:
             seen = seen or _servers(str(tmp_path))
             try:
-                if json.loads((out / "results.json").read_text())["policies"][_policy()]["tpch_runs"]:
+                if json.loads((out / "results.json").read_text())["policies"][_policy()]["runs"]:
                     break
             except (OSError, ValueError, KeyError):
                 pass

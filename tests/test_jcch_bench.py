@@ -17,7 +17,7 @@ from tilewise.bench import harness
 from tilewise.benchmarks.tpch import data as tpch_data
 from tilewise.errors import UsageError
 from tilewise.results import model, report
-from tilewise.results.kinds import tpch as tpch_kind
+from tilewise.results.kinds import benchmark as bench_kind
 
 QUERIES = [2, 3, 13, 17, 18, 22]
 
@@ -105,7 +105,7 @@ def test_bad_flags_are_usage_errors(tmp_path):
 # ---- TPC-H next to JCC-H ---------------------------------------------------------------------------
 
 def _doc(bench, engine, medians):
-    return {"kind": "tpch", "params": {"engine": engine, "sf": 1, "benchmark": bench,
+    return {"kind": "benchmark", "params": {"engine": engine, "sf": 1, "benchmark": bench,
                                        "query_params": "skewed" if bench == "jcch" else None},
             "policies": {pol: {"queries": {q: {"median_s": t} for q, t in qs.items()}} for pol, qs in medians.items()}}
 
@@ -113,17 +113,17 @@ def _doc(bench, engine, medians):
 def test_benchmark_comparison_is_per_query_speedup_over_the_baseline():
     t = _doc("tpch", "duckdb", {"wim": {"q1": 4.0, "q2": 2.0}, "win": {"q1": 1.0, "q2": 1.0}})
     j = _doc("jcch", "duckdb", {"wim": {"q1": 3.0, "q2": 2.0}, "win": {"q1": 2.0, "q2": 1.0}, "wic": {"q1": 1.0}})
-    cmp = tpch_kind.benchmark_comparison(t, j)
+    cmp = bench_kind.benchmark_comparison(t, j)
     assert cmp["baseline"] == "wim" and cmp["queries"] == ["q1", "q2"] and list(cmp["policies"]) == ["win"]
     win = cmp["policies"]["win"]
     assert win["tpch"] == [4.0, 2.0] and win["jcch"] == [1.5, 2.0]
     assert win["tpch_geomean"] == pytest.approx(8 ** 0.5) and win["jcch_geomean"] == pytest.approx(3 ** 0.5)
-    assert tpch_kind.benchmark_pair([("a", t), ("b", j)]) == (("a", t), ("b", j))
-    assert tpch_kind.benchmark_pair([("a", t), ("b", t)]) is None
+    assert bench_kind.benchmark_pair([("a", t), ("b", j)]) == (("a", t), ("b", j))
+    assert bench_kind.benchmark_pair([("a", t), ("b", t)]) is None
     with pytest.raises(UsageError):
-        tpch_kind.benchmark_comparison(t, _doc("jcch", "spark", {"wim": {"q1": 1.0}, "win": {"q1": 1.0}}))
+        bench_kind.benchmark_comparison(t, _doc("jcch", "spark", {"wim": {"q1": 1.0}, "win": {"q1": 1.0}}))
     with pytest.raises(UsageError):
-        tpch_kind.benchmark_comparison(t, _doc("jcch", "duckdb", {"wim": {"q1": 1.0}}))
+        bench_kind.benchmark_comparison(t, _doc("jcch", "duckdb", {"wim": {"q1": 1.0}}))
 
 
 def test_report_shows_and_plots_tpch_next_to_jcch(jcch_run, tmp_path):

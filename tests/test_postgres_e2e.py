@@ -149,7 +149,7 @@ def test_bench_tpch_every_answer_valid(data_root, tag, tmp_path):
     assert all(q["valid"] is True for q in rec["queries"].values()) and len(rec["queries"]) == 22
     assert rec["queries"]["q17"].get("rewritten") and not rec["queries"]["q1"].get("rewritten")
     assert doc["refresh"]["applied"] is True
-    run = rec["tpch_runs"][0]
+    run = rec["runs"][0]
     assert run["power"]["rf1_s"] > 0 and run["power"]["rf2_s"] > 0  # the refresh functions really ran
     for inst in rec["instances"]:
         assert inst["binding_verified"] is True

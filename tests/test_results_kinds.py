@@ -20,7 +20,8 @@ from conftest import FIXTURES, run_cli
 from tilewise.errors import UsageError
 from tilewise.results import document, kinds, model, output, report, stats
 from tilewise.results.body import Record
-from tilewise.results.kinds import elastic_log, tpch
+from tilewise.results.kinds import benchmark as tpch
+from tilewise.results.kinds import elastic_log
 
 V1, V2 = FIXTURES / "results-v1", FIXTURES / "results-v2"
 DOCS = sorted([*V1.glob("*.json"), *V1.glob("elastic-log-*.jsonl"), *V2.glob("*.json")])
@@ -67,7 +68,7 @@ def test_the_metrics_a_kind_derives_are_the_ones_its_documents_were_written_with
 
 def test_every_kind_is_one_module_with_its_own_view():
     names = kinds.names()
-    assert set(names) >= {"tpch", "elastic", "elastic.log", "elastic.tick", "probe.latency", "probe.bandwidth",
+    assert set(names) >= {"benchmark", "elastic", "elastic.log", "elastic.tick", "probe.latency", "probe.bandwidth",
                           "probe.stream", "workload", "tune", "overhead"}
     for name in names:
         k = kinds.get(name)
@@ -88,7 +89,7 @@ def test_records_keep_unknown_keys_and_leave_out_absent_ones():
     assert q.to_json() == d
     q.median_s = 1.5
     assert q.to_json() == {**d, "median_s": 1.5}
-    doc = tpch.TpchDoc.from_json({"kind": "tpch", "policies": {"wim": {"queries": {"q1": {"median_s": 2.0}}}}})
+    doc = tpch.BenchmarkDoc.from_json({"kind": "benchmark", "policies": {"wim": {"queries": {"q1": {"median_s": 2.0}}}}})
     assert doc.policies["wim"].queries["q1"].median_s == 2.0 and doc.params.engine is None
 
 
@@ -99,7 +100,7 @@ def test_records_keep_unknown_keys_and_leave_out_absent_ones():
 ])
 def test_a_malformed_body_is_a_one_line_error(bad, where):
     with pytest.raises(UsageError, match=where):
-        tpch.TpchDoc.from_json({"kind": "tpch", **bad}, "results document")
+        tpch.BenchmarkDoc.from_json({"kind": "benchmark", **bad}, "results document")
 
 
 def test_record_defaults_are_not_shared():
@@ -186,7 +187,7 @@ def test_log_is_written_line_by_line_and_a_cut_log_still_loads(tmp_path):
 def test_replay_of_something_else_is_a_one_line_error(tmp_path):
     from tilewise.elastic.session import read_log
 
-    with pytest.raises(UsageError, match="not a tilewise elastic log: it holds tpch results"):
+    with pytest.raises(UsageError, match="not a tilewise elastic log: it holds benchmark results"):
         read_log(str(V2 / "tpch.json"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"event": "log", "format": "tilewise-elastic", "version": 1}\n{"not": "a tick"}\n')
@@ -247,3 +248,17 @@ def test_tpch_next_to_jcch_is_golden(tmp_path):
     (cmp,) = report.kind_comparisons(pair)
     assert cmp.key == "tpch_vs_jcch" and cmp.plot(tmp_path).read_bytes()[:4] == b"\x89PNG"
     assert report.kind_comparisons(pair[:1]) == []
+
+
+def test_a_document_of_the_old_tpch_kind_loads_as_the_benchmark_kind():
+    raw = json.loads((V2 / "tpch.json").read_text())  # written by `bench tpch` when the kind was "tpch"
+    assert raw["kind"] == "tpch" and all("tpch_runs" in p for p in raw["policies"].values() if not p.get("same_as"))
+    doc = model.load(V2 / "tpch.json")
+    assert doc["kind"] == "benchmark"
+    for name, pol in doc["policies"].items():
+        assert "tpch_runs" not in pol and "tpch_warmup" not in pol
+        assert pol.get("runs", []) == raw["policies"][name].get("tpch_runs", [])
+        assert pol.get("warmup", []) == raw["policies"][name].get("tpch_warmup", [])
+    typed = kinds.get("benchmark").view(doc)
+    assert typed.policies["wim"].runs and typed.policies["wim"].runs[0].power_at_size > 0
+    assert not {"tpch_runs", "tpch_warmup"} & set(typed.policies["wim"].extra)  # no key of the old kind left unread

@@ -80,7 +80,7 @@ def test_new_document_carries_command_versions_and_topology(tmp_path):
 
 
 @pytest.mark.parametrize("name, kind, first_metric", [
-    ("tpch.json", "tpch", "wim/q1"),
+    ("tpch.json", "benchmark", "wim/q1"),
     ("probe-latency.json", "probe.latency", "cas/l3"),
     ("tune.json", "tune", "system/first-touch/none"),
     ("elastic.json", "elastic", "q6/os/throughput"),
@@ -105,8 +105,8 @@ def test_upgraded_tpch_keeps_raw_times():
 
 
 @pytest.mark.parametrize("doc, message", [
-    ({"format": "tilewise-results", "version": 99, "kind": "tpch"}, "newer than this tilewise reads"),
-    ({"format": "tilewise-results", "kind": "tpch"}, "without a version"),
+    ({"format": "tilewise-results", "version": 99, "kind": "benchmark"}, "newer than this tilewise reads"),
+    ({"format": "tilewise-results", "kind": "benchmark"}, "without a version"),
     ({"format": "tilewise-results", "version": 2, "kind": "nosuch"}, "unknown results kind"),
     ({"format": "tilewise-tune-results", "version": 7}, "result format 'tilewise-tune-results' version 7"),
     ({"format": "something-else"}, "result format 'something-else'"),
@@ -136,7 +136,7 @@ def _tpch_doc(times: dict[str, list[float]] | None = None, **extra) -> dict:
     for name, ts in times.items():
         q = {"times_s": ts, "rows": 1, "valid": True, **stats.query_stats(ts)}
         pols[name] = {"policy": name, "instances": [{}], "run_wall_s": ts, "queries": {"q1": q}, "complete": bool(ts)}
-    doc = {"format": model.FORMAT, "version": model.VERSION, "kind": "tpch", "meta": {"command": "x"},
+    doc = {"format": model.FORMAT, "version": model.VERSION, "kind": "benchmark", "meta": {"command": "x"},
            "interrupted": False, "complete": True, "environment": {}, "params": {"engine": "duckdb", "sf": 1, "streams": 1,
                                                                                   "runs": 2},
            "metrics": [], "warnings": [], "policies": pols}

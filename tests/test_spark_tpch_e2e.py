@@ -26,7 +26,7 @@ def test_bench_tpch_spark_all_22_validated(tmp_path):
     assert doc["params"]["engine"] == "spark" and doc["params"]["tests"] == ["power"]
     # Spark cannot write its tables: no refresh functions, and the results say so
     assert doc["refresh"]["applied"] is False and any("without refresh functions" in n for n in doc["notes"])
-    assert doc["policies"]["wim"]["tpch_runs"][0]["power_at_size"] > 0
+    assert doc["policies"]["wim"]["runs"][0]["power_at_size"] > 0
     pol = doc["policies"]["wim"]
     assert pol["complete"] is True
     assert sorted(pol["queries"]) == sorted(f"q{n}" for n in range(1, 23))

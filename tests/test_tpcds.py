@@ -381,7 +381,7 @@ def test_harness_reports_rewrites_null_order_failures_and_answers_without_refere
     assert qs["q90"]["valid"] is None and "Divide by zero" in qs["q90"]["not_comparable"]  # no answer at SF 0.01
     assert all(qs[q]["valid"] is True for q in ("q7", "q21", "q59", "q39a"))
     assert qs["q21"].get("rewritten") and not qs["q7"].get("rewritten")  # DuckDB's integer division
-    run = doc["policies"]["wim"]["tpch_runs"][0]
+    run = doc["policies"]["wim"]["runs"][0]
     assert "q96" not in run["power"]["queries"] and run["failed"] == ["q96"]
     assert run["power_qph"] > 0 and run["throughput_qph"] > 0 and "qphds" not in json.dumps(run).lower()
     assert any(n.startswith("not QphDS@SF") for n in doc["notes"])
@@ -424,7 +424,7 @@ def test_bench_tpcds_end_to_end_on_duckdb(tiny, tmp_path):
     assert all(v["valid"] is True for q, v in qs.items() if q not in no_answer), \
         {q: v.get("error") for q, v in qs.items() if v["valid"] is not True}
     assert {q for q, v in qs.items() if v.get("rewritten")} == {"q21", "q34", "q73", "q78", "q83", "q90"}
-    run = doc["policies"]["wim"]["tpch_runs"][0]
+    run = doc["policies"]["wim"]["runs"][0]
     assert run["power"]["order"][:4] == [96, 7, 75, 44] and len(run["throughput"]["streams"]) == 1
     assert run["power_qph"] > 0 and run["throughput_qph"] > 0 and "qphh_at_size" not in run
     assert doc["summary"]["wim"]["power_qph"]["median"] > 0 and doc["summary"]["wim"]["not_comparable"] == 2

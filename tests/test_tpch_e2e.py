@@ -56,7 +56,7 @@ def test_bench_two_policies_end_to_end(tmp_path, data_root):
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)  # --json: results.json on stdout, nothing else
     assert doc == json.loads((out / "results.json").read_text())
-    assert doc["format"] == "tilewise-results" and doc["kind"] == "tpch" and doc["complete"]
+    assert doc["format"] == "tilewise-results" and doc["kind"] == "benchmark" and doc["complete"]
     p = doc["params"]
     assert p["engine"] == "duckdb" and p["sf"] == 0.01 and p["streams"] == 2
     env = doc["environment"]
@@ -82,8 +82,8 @@ def test_bench_two_policies_end_to_end(tmp_path, data_root):
     # TPC-H's metrics, with the refresh functions applied to every DuckDB replica and validated
     assert doc["refresh"]["applied"] is True and [x["set"] for x in doc["refresh"]["sets"]] == [1, 2, 3]
     for pol in (wim, wic):
-        assert len(pol["tpch_runs"]) == 2 and len(pol["tpch_warmup"]) == 1
-        for r in pol["tpch_runs"]:
+        assert len(pol["runs"]) == 2 and len(pol["warmup"]) == 1
+        for r in pol["runs"]:
             assert r["power_at_size"] > 0 and r["throughput_at_size"] > 0 and r["qphh_at_size"] > 0
             assert r["power"]["rf1_s"] > 0 and len(r["throughput"]["refresh_stream"]) == 2
     s = doc["summary"]
@@ -180,7 +180,7 @@ def test_interrupted_bench_says_so(tmp_path, data_root):
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 doc = json.loads((out / "results.json").read_text())
-                if len(doc["policies"].get("wim", {}).get("tpch_runs", [])) >= 2:
+                if len(doc["policies"].get("wim", {}).get("runs", [])) >= 2:
                     break
             except (OSError, ValueError, KeyError):
                 pass

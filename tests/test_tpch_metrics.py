@@ -241,8 +241,8 @@ def test_power_and_throughput_tests_with_refresh(dataset, tmp_path):
     assert doc["complete"] and not doc["interrupted"] and doc["refresh"]["applied"]
     assert [s["set"] for s in doc["refresh"]["sets"]] == [1, 2, 3]  # power: set 1; throughput: 2 streams
     pol = doc["policies"]["wim"]
-    assert len(pol["tpch_runs"]) == 2 and len(pol["tpch_warmup"]) == 1
-    run = pol["tpch_runs"][0]
+    assert len(pol["runs"]) == 2 and len(pol["warmup"]) == 1
+    run = pol["runs"][0]
     assert run["power"]["order"] == [6, 1] and run["power"]["refresh"] == "RF1/RF2"
     assert [s["order"] for s in run["throughput"]["streams"]] == [[6, 1], [6, 1]]
     assert [r["set"] for r in run["throughput"]["refresh_stream"]] == [2, 3]
@@ -277,14 +277,14 @@ def test_without_refresh_functions_the_results_say_so(dataset, tmp_path):
     doc = harness.run(_cfg(dataset, tmp_path, refresh=None, runs=1), Steps(), engine_cls=ReadOnly)
     assert doc["refresh"]["applied"] is False and "cannot write" in doc["refresh"]["reason"]
     assert any("without refresh functions" in n for n in doc["notes"])
-    run = doc["policies"]["wim"]["tpch_runs"][0]
+    run = doc["policies"]["wim"]["runs"][0]
     assert run["power"]["refresh"] == "none" and run["throughput"]["refresh_stream"] is None
     assert run["power_at_size"] > 0 and all(q["valid"] for q in doc["policies"]["wim"]["queries"].values())
 
 
 def test_power_test_only(dataset, tmp_path):
     doc = harness.run(_cfg(dataset, tmp_path, tests=("power",), runs=1), Steps(), engine_cls=LocalEngine)
-    run = doc["policies"]["wim"]["tpch_runs"][0]
+    run = doc["policies"]["wim"]["runs"][0]
     assert run["throughput"] is None and run["throughput_at_size"] is None and run["qphh_at_size"] is None
     assert run["power_at_size"] > 0 and [s["set"] for s in doc["refresh"]["sets"]] == [1]
     out, buf = _console()
@@ -302,7 +302,7 @@ def test_same_deployment_runs_once_and_reports_same_as(dataset, tmp_path):
     doc = harness.run(_cfg(dataset, tmp_path, policies="wim,auto", runs=1), rep, engine_cls=LocalEngine)
     auto = doc["policies"]["auto"]
     if same:  # e.g. one NUMA node: auto is wim
-        assert auto["same_as"] == "wim" and not auto["tpch_runs"] and not auto["queries"]
+        assert auto["same_as"] == "wim" and not auto["runs"] and not auto["queries"]
         assert doc["summary"]["auto"] == {"same_as": "wim", "complete": True}
         assert not any(m["labels"].get("policy") == "auto" for m in doc["metrics"])
         assert any("same deployment as wim" in m for m in rep.messages)
@@ -310,7 +310,7 @@ def test_same_deployment_runs_once_and_reports_same_as(dataset, tmp_path):
         report.render(doc, out)
         assert "= wim" in buf.getvalue()
     else:
-        assert auto["same_as"] is None and auto["tpch_runs"]
+        assert auto["same_as"] is None and auto["runs"]
     assert doc["completed"]["policies"] == ["wim", "auto"]
 
 

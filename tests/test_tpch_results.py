@@ -17,7 +17,7 @@ def _doc():
         return {"times_s": times, "rows": 1, "valid": valid, **stats.query_stats(times)}
 
     return {
-        "format": model.FORMAT, "version": model.VERSION, "kind": "tpch", "meta": {"command": "tilewise bench tpch"},
+        "format": model.FORMAT, "version": model.VERSION, "kind": "benchmark", "meta": {"command": "tilewise bench tpch"},
         "interrupted": False, "complete": True, "environment": {}, "metrics": [], "warnings": [],
         "params": {"engine": "duckdb", "sf": 0.01, "streams": 1, "runs": 2},
         "policies": {

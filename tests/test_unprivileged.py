@@ -322,7 +322,7 @@ def test_bench_tpch_at_a_tiny_scale(user, clean):
                   "--no-warmup", "--tests", "power", "--no-refresh", "--no-plots", "--out", str(out), timeout=300)
     assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr[-2000:]
     doc = json.loads((out / "results.json").read_text())
-    assert doc["kind"] == "tpch" and not doc["validation"]["wrong_answers"]
+    assert doc["kind"] == "benchmark" and not doc["validation"]["wrong_answers"]
 
 
 def test_up_elastic_instances_and_down(user, clean):

@@ -416,7 +416,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     check = system_check(numa_nodes=len(topo.cpu_nodes))
     for w in check["warnings"]:
         rep.message(f"warning: {w}")
-    doc = M.new("tpch", topo=topo, engines={cfg.engine: version}, allocator=cfg.allocator, system_check=check, params={
+    doc = M.new("benchmark", topo=topo, engines={cfg.engine: version}, allocator=cfg.allocator, system_check=check, params={
         "engine": cfg.engine, "sf": cfg.sf, "policies": [label for label, _ in plans], "queries": list(cfg.queries),
         "streams": streams, "streams_requested": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
         "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
@@ -561,7 +561,7 @@ def _not_comparable(ctx: _Ctx, doc: dict) -> None:
 def _same_as(doc: dict, label: str, p, other: str, rep: Reporter) -> None:
     doc["policies"][label] = {"policy": p.policy, "requested": p.requested, "reasons": list(p.reasons),
                               "instances": [_planned(i) for i in p.instances], "same_as": other, "complete": True,
-                              "queries": {}, "run_wall_s": [], "tpch_runs": []}
+                              "queries": {}, "run_wall_s": [], "runs": []}
     doc["completed"]["policies"].append(label)
     rep.message(f"{label}: the same deployment as {other} ({len(p.instances)} instance(s) on the same CPUs and "
                 f"memory); not run again, reported as = {other}")
@@ -575,7 +575,7 @@ def _planned(inst) -> dict:
 def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[str], replicas: bool) -> None:
     cfg, rep = ctx.cfg, ctx.rep
     rec = {"policy": p.policy, "requested": p.requested, "reasons": list(p.reasons), "same_as": None, "instances": [],
-           "queries": {}, "run_wall_s": [], "warmup_wall_s": [], "tpch_runs": [], "tpch_warmup": [],
+           "queries": {}, "run_wall_s": [], "warmup_wall_s": [], "runs": [], "warmup": [],
            "complete": False}
     doc["policies"][label] = rec
     msg = idle_warning(label, len(p.instances), ctx.streams, replicas) if "throughput" in cfg.tests else None
@@ -629,7 +629,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
             for n, t in per_query.items():
                 (times if timed else warm)[n].append(t)
             one["run"] = r + 1 - int(cfg.warmup) if timed else 0
-            (rec["tpch_runs"] if timed else rec["tpch_warmup"]).append(one)
+            (rec["runs"] if timed else rec["warmup"]).append(one)
             (rec["run_wall_s"] if timed else rec["warmup_wall_s"]).append(one["wall_s"])
             _queries(rec, ctx, times, warm, rows_of, detail, failed)
             if timed:
@@ -663,8 +663,7 @@ def _predicted_tiles(ctx: _Ctx, p, dataset) -> dict | None:
     for t, src in dataset.table_sources().items():
         if src.format == "parquet":
             tables[t] = splits.per_tile(scan_files(src), len(p.instances), cores, rule)
-    return {"predicted": tables, "rule": {"max_split_bytes": rule.max_split_bytes, "pack": rule.pack,
-                                          "row_group_at": rule.row_group_at}, "queries": {}, "measured_in": None}
+    return {"predicted": tables, "rule": rule.describe(), "queries": {}, "measured_in": None}
 
 
 def _tile_delta(before: dict, after: dict) -> list[dict]:

@@ -48,6 +48,10 @@ class SplitRule(abc.ABC):
     def tasks(self, files: list[dict], cores: int) -> list[Task]:
         """The tasks in the order the engine hands them out."""
 
+    def describe(self) -> dict:
+        """The rule as results record it."""
+        return {"kind": type(self).__name__}
+
     def assign(self, tasks: list[Task], tiles: int, files: list[dict]) -> list[int]:
         """The tile of each task: the tile with the least work so far (bytes + open cost per task,
         then the fewest tasks, then the lowest tile), as workers of equal speed ask for work."""
@@ -73,6 +77,10 @@ class ByteRanges(SplitRule):
     row_group_at: str = "midpoint"  # or "start"
     initial_splits: int = 0  # Trino: the first N splits are smaller
     initial_split_bytes: int = 0
+
+    def describe(self) -> dict:
+        return {"kind": "ByteRanges", "max_split_bytes": self.max_split_bytes, "pack": self.pack,
+                "row_group_at": self.row_group_at}
 
     def tasks(self, files: list[dict], cores: int) -> list[Task]:
         out = []

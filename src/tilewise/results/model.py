@@ -2,7 +2,7 @@
 
 A results document (JSON) is::
 
-    {"format": "tilewise-results", "version": 2, "kind": "tpch" | "elastic" | "elastic.log" |
+    {"format": "tilewise-results", "version": 2, "kind": "benchmark" | "elastic" | "elastic.log" |
      "elastic.tick" | "probe.latency" | "probe.bandwidth" | "probe.stream" | "workload" | "tune" |
      "overhead" | "workload.tensor" | "probe.gpu" | "workload.far_memory" | "layout",
      "meta": {"command", "argv", "cwd", "tilewise_version", "git_commit", "started", "finished"},
@@ -120,6 +120,7 @@ def upgrade(doc: dict, source: str = "document") -> dict:
                              "upgrade tilewise to read it")
         if ver < VERSION:  # future: chain v2 -> v3 ... here
             raise NotResults(f"{source}: {FORMAT} version {ver} is not readable (this tilewise reads {VERSION})")
+        doc = kinds.rename(doc)  # a kind renamed since (tpch -> benchmark)
         k = kinds.get(doc.get("kind"))
         if k is None:
             raise NotResults(f"{source}: unknown results kind {doc.get('kind')!r}", "upgrade tilewise to read it")

@@ -41,6 +41,9 @@ class Kind:
     current: Callable[[dict], dict] | None = None
     # a comparison of the kind's own over several runs [(label, doc)], or None where it does not apply
     compare: Callable[[list[tuple[str, dict]]], Any] | None = None
+    # kinds this one was called before: old name -> the upgrade of such a document (its kind set to
+    # this one); listed in RENAMED below too, so that loading finds it without importing every kind
+    renamed: dict[str, Callable[[dict], dict]] = field(default_factory=dict)
 
     def view(self, doc: dict) -> Any:
         """The typed document (every key kept: view(doc).to_json() == doc)."""
@@ -52,7 +55,7 @@ class Kind:
 
 _K = "tilewise.results.kinds"
 REGISTRY = Registry("results kind", "tilewise.results", {
-    "tpch": f"{_K}.tpch",
+    "benchmark": f"{_K}.benchmark",
     "elastic": f"{_K}.elastic",
     "elastic.log": f"{_K}.elastic_log",
     "elastic.tick": f"{_K}.elastic_tick",
@@ -69,6 +72,19 @@ REGISTRY = Registry("results kind", "tilewise.results", {
     "workload.far_memory": f"{_K}.far_memory",
     "layout": f"{_K}.layout",
 }, attr="KIND")
+
+
+# old kind name -> the kind it is now (whose Kind.renamed upgrades its documents)
+RENAMED = {"tpch": "benchmark"}
+
+
+def rename(doc: dict) -> dict:
+    """A document of a kind that was renamed, as the kind it is now (others as they are)."""
+    new = RENAMED.get(doc.get("kind")) if isinstance(doc.get("kind"), str) else None
+    if new is None:
+        return doc
+    k = get(new)
+    return k.renamed[doc["kind"]](doc) if k is not None else doc
 
 
 def names() -> list[str]:

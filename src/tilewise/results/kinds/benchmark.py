@@ -1,10 +1,12 @@
-"""The ``tpch`` result kind (`bench tpch`, `bench <benchmark>`: TPC-H, JCC-H, any benchmark of the
+"""The ``benchmark`` result kind (`bench <benchmark>`: TPC-H, JCC-H, TPC-DS, any benchmark of the
 registry tilewise.benchmarks): per policy, per query, every run's time; the benchmark's own
-metrics per run (TPC-H's Power@Size, Throughput@Size, QphH@Size); the summary per policy; the
-tables, CSV files and plots; the older ``tilewise-tpch-results/1`` format; and, in `tilewise
-report`, two benchmarks side by side (TPC-H next to JCC-H, the NUMA study's comparison).
+metrics per run (TPC-H's Power@Size, Throughput@Size, QphH@Size) in `runs` (and the warm-up's in
+`warmup`); the summary per policy; the tables, CSV files (`<benchmark>_metrics.csv`) and plots; the
+older formats it upgrades on load (the ``tpch`` kind, whose runs were `tpch_runs`/`tpch_warmup`,
+and ``tilewise-tpch-results/1``); and, in `tilewise report`, two benchmarks side by side (TPC-H
+next to JCC-H, the NUMA study's comparison).
 
-The harness (bench.tpch) builds the document as JSON and stores per query the statistics of
+The harness (bench.harness) builds the document as JSON and stores per query the statistics of
 ``stats.query_stats``; this module reads it through the dataclasses below. What a benchmark is
 called and which figures it has come from its spec (tilewise.benchmarks), not from its name.
 """
@@ -70,7 +72,7 @@ class ThroughputTest(Record):
 
 
 @dataclass
-class TpchRun(Record):
+class Run(Record):
     """One timed run's tests (TPC-H 5.3: power and throughput) and the benchmark's figures."""
     run: int | None = None
     power: PowerTest | None = None
@@ -91,7 +93,8 @@ class Policy(Record):
     queries: dict[str, Query] = field(default_factory=dict)
     run_wall_s: list[float] = field(default_factory=list)
     warmup_wall_s: list[float] = field(default_factory=list)
-    tpch_runs: list[TpchRun] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    warmup: list[Run] = field(default_factory=list)
     complete: bool = False
     error: str | None = None
 
@@ -138,7 +141,7 @@ class Validation(Record):
 
 
 @dataclass
-class TpchDoc(document.Document):
+class BenchmarkDoc(document.Document):
     params: Params = field(default_factory=Params)
     policies: dict[str, Policy] = field(default_factory=dict)
     requested: PolicyList | None = None
@@ -196,7 +199,7 @@ class TpchDoc(document.Document):
 
 # ---- metrics and the summary ---------------------------------------------------------------------
 
-def metrics(doc: TpchDoc) -> list[dict]:
+def metrics(doc: BenchmarkDoc) -> list[dict]:
     out = []
     for pol, rec in doc.policies.items():
         if rec.same_as:
@@ -208,7 +211,7 @@ def metrics(doc: TpchDoc) -> list[dict]:
             out.append(document.metric(f"{pol}/run_wall", rec.run_wall_s, unit="s", warmups=rec.warmup_wall_s,
                                     policy=pol))
         for key, _ in doc.figures:
-            vals = [r.figure(key) for r in rec.tpch_runs]
+            vals = [r.figure(key) for r in rec.runs]
             if any(v is not None for v in vals):
                 out.append(document.metric(f"{pol}/{key.replace('_at_size', '@size')}", vals, unit="queries/h",
                                         better="higher", policy=pol))
@@ -241,7 +244,7 @@ class PolicySummary:
                 "valid": self.valid, "not_comparable": self.not_comparable, "complete": self.complete, **self.tpch}
 
 
-def summarize(doc: TpchDoc) -> dict[str, PolicySummary]:
+def summarize(doc: BenchmarkDoc) -> dict[str, PolicySummary]:
     base = doc.baseline()
     base_total = stats.summarize(base.run_wall_s)["median"]
     out: dict[str, PolicySummary] = {}
@@ -263,7 +266,7 @@ def summarize(doc: TpchDoc) -> dict[str, PolicySummary]:
             valid=all_valid([r.valid for r in p.queries.values()]),
             not_comparable=sum(1 for r in p.queries.values() if r.not_comparable))
         for key, _ in doc.figures:
-            vals = [r.figure(key) for r in p.tpch_runs if r.figure(key) is not None]
+            vals = [r.figure(key) for r in p.runs if r.figure(key) is not None]
             if vals:
                 s.tpch[key] = stats.summarize(vals)
         out[name] = s
@@ -288,14 +291,14 @@ def answers_cell(s: PolicySummary) -> str:
     return "valid" if s.valid else "-"
 
 
-def summary_json(doc: TpchDoc) -> dict:
+def summary_json(doc: BenchmarkDoc) -> dict:
     """doc["summary"], stored beside the raw values when the document is written."""
     return {n: s.to_json() for n, s in summarize(doc).items()}
 
 
 # ---- tables -------------------------------------------------------------------------------------
 
-def render(doc: TpchDoc, out) -> None:
+def render(doc: BenchmarkDoc, out) -> None:
     pols = doc.policies
     p = doc.params
     measured = doc.measured()
@@ -386,7 +389,7 @@ def render(doc: TpchDoc, out) -> None:
     T.footer(doc, out, notes=marks + doc.notes)
 
 
-def render_layout(doc: TpchDoc, out) -> None:
+def render_layout(doc: BenchmarkDoc, out) -> None:
     """`bench --layout`: the layout the engine read, and per tile how each table's scan split
     (predicted from the engine's split rule) beside what each tile read per query (measured)."""
     lay = doc.get("layout")
@@ -431,7 +434,7 @@ def _qnum(q: str) -> tuple[int, str]:
     return (int(m.group(1)), m.group(2)) if m else (0, q)
 
 
-def _queries(doc: TpchDoc, policies: Sequence[str]) -> list[str]:
+def _queries(doc: BenchmarkDoc, policies: Sequence[str]) -> list[str]:
     """The timed (or failed) queries of these policies, in query-number order."""
     qs: list[str] = []
     for n in policies:
@@ -443,7 +446,7 @@ def _queries(doc: TpchDoc, policies: Sequence[str]) -> list[str]:
 
 # ---- CSV ----------------------------------------------------------------------------------------
 
-def csv_files(doc: TpchDoc) -> dict[str, str]:
+def csv_files(doc: BenchmarkDoc) -> dict[str, str]:
     base = doc.baseline()
     rows = []
     for name, p in doc.policies.items():
@@ -462,12 +465,12 @@ def csv_files(doc: TpchDoc) -> dict[str, str]:
                                            "speedup_vs_baseline", "instances", "outlier"], rows)
     mrows = []
     for name, p in doc.policies.items():
-        for r in p.tpch_runs:
+        for r in p.runs:
             mrows.append([name, r.run, *(T.fmt(r.figure(k), ".3f", "") for k, _ in doc.figures),
                           T.fmt(r.throughput.interval_s if r.throughput else None, ".6f", ""),
                           (r.power.refresh if r.power else None) or ""])
     if mrows:
-        files["tpch_metrics.csv"] = T.csv_text(["policy", "run", *(k for k, _ in doc.figures), "throughput_interval_s",
+        files[f"{doc.benchmark}_metrics.csv"] = T.csv_text(["policy", "run", *(k for k, _ in doc.figures), "throughput_interval_s",
                                                 "refresh"], mrows)
     return files
 
@@ -480,7 +483,7 @@ def speedup(base: Sequence[float], other: Sequence[float]) -> dict | None:
     return stats.ratio_ci(other, base)
 
 
-def plots(doc: TpchDoc, out_dir: Path) -> list[Path]:
+def plots(doc: BenchmarkDoc, out_dir: Path) -> list[Path]:
     ran = _ran(doc)
     if not ran:
         return []
@@ -519,7 +522,7 @@ def plots(doc: TpchDoc, out_dir: Path) -> list[Path]:
                                  title=f"{bench} geomean per policy ({tag})"))
     figs = {title: [summ[n].tpch.get(k) or {} for n in ran] for k, title in doc.figures}
     if any(s.get("median") is not None for ss in figs.values() for s in ss):
-        paths.append(P.bar_chart(out_dir / "tpch_metrics.png", ran,
+        paths.append(P.bar_chart(out_dir / f"{doc.benchmark}_metrics.png", ran,
                                  {title: [s.get("median") for s in ss] for title, ss in figs.items()},
                                  intervals={title: [s.get("ci95") for s in ss] for title, ss in figs.items()},
                                  ylabel=f"queries per hour{' x SF' if doc.figures == FIGURES else ''}\n"
@@ -530,7 +533,7 @@ def plots(doc: TpchDoc, out_dir: Path) -> list[Path]:
 
 # ---- two benchmarks side by side (TPC-H next to JCC-H: the NUMA study's comparison) -----------------
 
-def _speedups(doc: TpchDoc, base: str, pol: str, queries: list[str]) -> list[float | None]:
+def _speedups(doc: BenchmarkDoc, base: str, pol: str, queries: list[str]) -> list[float | None]:
     out = []
     for q in queries:
         b, m = doc.policies[base].median(q), doc.policies[pol].median(q)
@@ -538,7 +541,7 @@ def _speedups(doc: TpchDoc, base: str, pol: str, queries: list[str]) -> list[flo
     return out
 
 
-def _ran(doc: TpchDoc) -> list[str]:
+def _ran(doc: BenchmarkDoc) -> list[str]:
     return [n for n, p in doc.policies.items() if not p.same_as and any(q.median_s for q in p.queries.values())]
 
 
@@ -633,7 +636,19 @@ def compare(runs: list[tuple[str, dict]]) -> BenchmarkComparison | None:
                                (a.bench_name, b.bench_name))
 
 
-# ---- the older format ------------------------------------------------------------------------------
+# ---- the older formats --------------------------------------------------------------------------
+
+def from_tpch(doc: dict) -> dict:
+    """A document of the ``tpch`` kind (every benchmark's, before the kind was named for what it is):
+    the same body, its runs under `runs` and `warmup` (were `tpch_runs`, `tpch_warmup`)."""
+    doc = dict(doc, kind="benchmark")
+    for pol in (doc.get("policies") or {}).values():
+        if isinstance(pol, dict):
+            for old, new in (("tpch_runs", "runs"), ("tpch_warmup", "warmup")):
+                if old in pol:
+                    pol[new] = pol.pop(old)
+    return doc
+
 
 def upgrade_1(doc: dict) -> dict:
     """tilewise-tpch-results/1: the body as it is, the parameters gathered from the top level."""
@@ -647,14 +662,22 @@ def upgrade_1(doc: dict) -> dict:
     pols = doc.get("policies", {})
     complete = bool(pols) and all(p.get("complete") for p in pols.values())
     body = {"validation": doc.get("validation"), "policies": pols, "plots": doc.get("plots", [])}
-    return document.legacy_envelope(doc, "tpch", params, body, complete=complete,
-                                 interrupted=any(p.get("error") == "interrupted" for p in pols.values()),
-                                 started=doc.get("started"), finished=doc.get("finished"),
-                                 warnings=doc.get("warnings"))
+    return document.legacy_envelope(doc, "benchmark", params, body, complete=complete,
+                                    interrupted=any(p.get("error") == "interrupted" for p in pols.values()),
+                                    started=doc.get("started"), finished=doc.get("finished"),
+                                    warnings=doc.get("warnings"))
+
+
+def owned_files(doc: BenchmarkDoc) -> tuple[str, ...]:
+    """What a run may leave in its folder: the tables and plots, and each benchmark's metrics files
+    (a folder that held another benchmark's run keeps none of that run's)."""
+    names = dict.fromkeys([doc.benchmark, *benchmarks.names()])
+    return ("results.csv", "speedup_per_query.png", "geomean_speedup.png",
+            *(f"{b}_metrics.{ext}" for b in names for ext in ("csv", "png")))
 
 
 KIND = Kind(
-    name="tpch", document=TpchDoc, metrics=metrics, summary=summary_json, render=render, csv=csv_files, plots=plots,
-    files=("results.csv", "tpch_metrics.csv", "speedup_per_query.png", "geomean_speedup.png", "tpch_metrics.png"),
-    legacy={("tilewise-tpch-results/1", None): upgrade_1}, compare=compare,
+    name="benchmark", document=BenchmarkDoc, metrics=metrics, summary=summary_json, render=render, csv=csv_files,
+    plots=plots, files=owned_files, legacy={("tilewise-tpch-results/1", None): upgrade_1}, compare=compare,
+    renamed={"tpch": from_tpch},
 )
