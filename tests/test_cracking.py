@@ -76,7 +76,7 @@ def test_queries_keep_running_and_switch_to_each_checked_copy(tpch_dir, state_en
     from tilewise.benchmarks.validate import Reference
     from tilewise.data import Dataset
 
-    ref = Reference(Dataset.at(tpch_dir / "sf0.01", sf=0.01))
+    ref = Reference(Dataset.at(tpch_dir / "sf0.01", benchmark="tpch", sf=0.01))
     # a store of its own: every copy is made while the queries run (none is reused from another test)
     _up(state_env, tpch_dir, "--crack", "parquet-2", "--crack-pause", "0.4", "--layout-dir", str(tmp_path / "store"),
         engine=engine)
@@ -105,7 +105,7 @@ def test_a_killed_cracker_leaves_raw_data_untouched_and_a_restart_finishes(tpch_
     from tilewise.benchmarks.validate import Reference
     from tilewise.data import Dataset
 
-    ref = Reference(Dataset.at(tpch_dir / "sf0.01", sf=0.01))
+    ref = Reference(Dataset.at(tpch_dir / "sf0.01", benchmark="tpch", sf=0.01))
     raw = tpch_dir / "sf0.01-csv"
     before = _sums(raw)
     store = tmp_path / "store"

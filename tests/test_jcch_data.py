@@ -17,7 +17,8 @@ from tilewise.benchmarks.jcch import check as jcch_check
 from tilewise.benchmarks.jcch import data as jcch
 from tilewise.benchmarks.jcch import rules as J
 from tilewise.benchmarks.tpch import data as tpch_data
-from tilewise.data import TABLES, table_paths
+from tilewise.benchmarks.tpch.data import TABLES
+from tilewise.data import table_paths
 
 SF1 = J.Sizes.for_sf(1)
 HS1 = J.Hashes.of(SF1)
@@ -140,7 +141,7 @@ def source_sf001(tmp_path_factory):
 
 
 def _contents(d):
-    return {t: pq.read_table(p) for t, p in table_paths(d).items()}
+    return {t: pq.read_table(p) for t, p in table_paths(d, TABLES).items()}
 
 
 def test_same_seed_same_data_other_seed_other_lines(source_sf001, tmp_path):

@@ -18,7 +18,8 @@ import pytest
 from tilewise import benchmarks, engines
 from tilewise.benchmarks.validate import values_equal
 from tilewise.benchmarks.jcch import data as jcch_data
-from tilewise.data import TPCH_KEYS, Dataset
+from tilewise.benchmarks.tpch.data import KEYS as TPCH_KEYS
+from tilewise.data import Dataset
 from tilewise.engines.contract import Query
 from tilewise.engines.postgres import home, load, runtime, settings
 from tilewise.errors import UsageError

@@ -82,4 +82,4 @@ def test_engine_binding_answer_and_killed_worker(data_dir):
 def test_engine_refuses_missing_data(tmp_path):
     p = plan.plan(topology.load(None), "wim")
     with pytest.raises(UsageError, match="no Parquet data for table"):
-        get("spark").runtime_class()().start(p, dataset=Dataset.at(tmp_path))
+        get("spark").runtime_class()().start(p, dataset=Dataset.at(tmp_path, table_names=("lineitem",)))

@@ -184,19 +184,19 @@ def _duckdb_answer(d: Path, q: int):
     import duckdb
 
     con = duckdb.connect()
-    for t, p in tpch_data.table_paths(d).items():
+    for t, p in tpch_data.table_paths(d, tpch_data.TABLES).items():
         con.execute(f"create view {t} as select * from read_parquet('{p}')")
     return con.execute(queries.load(q)).fetchall()
 
 
 def test_reference_answers_cached_with_names_and_types(tmp_path):
     d = tpch_data.ensure_data(0.01, tmp_path)
-    ref = validate.Reference(Dataset.at(d, sf=0.01))
+    ref = validate.Reference(Dataset.at(d, benchmark="tpch", sf=0.01))
     ans = ref.answer(6)
     doc = json.loads((ref.cache_dir / "q06.json").read_text())
     assert doc["format"] == validate.REF_FORMAT
     assert doc["columns"] == [{"name": "revenue", "type": "decimal128(38, 4)", "kind": "dec"}]
-    again = validate.Reference(Dataset.at(d, sf=0.01))
+    again = validate.Reference(Dataset.at(d, benchmark="tpch", sf=0.01))
     again._compute = None  # a cache hit must not recompute
     assert again.answer(6) == ans
     good = _duckdb_answer(d, 6)
@@ -208,7 +208,7 @@ def test_reference_answers_cached_with_names_and_types(tmp_path):
     # a stale cache (an older format without types) is recomputed, not trusted
     (ref.cache_dir / "q04.json").write_text(json.dumps({"format": "tilewise-tpch-reference/2", "sql": queries.load(4),
                                                        "rows": []}))
-    assert len(validate.Reference(Dataset.at(d, sf=0.01)).answer(4).rows) == 5
+    assert len(validate.Reference(Dataset.at(d, benchmark="tpch", sf=0.01)).answer(4).rows) == 5
 
 
 SF1 = tpch_data.default_root() / "sf1"
@@ -218,7 +218,7 @@ SF1 = tpch_data.default_root() / "sf1"
                     reason="needs the SF1 data set cached (or TILEWISE_SLOW=1 to generate it)")
 def test_real_q1_at_sf1_off_by_one_fails():
     d = tpch_data.ensure_data(1.0)
-    ref = validate.Reference(Dataset.at(d, sf=1.0))
+    ref = validate.Reference(Dataset.at(d, benchmark="tpch", sf=1.0))
     good = _duckdb_answer(d, 1)
     assert ref.check(1, good).ok
     assert good[0][9] == 1478493 and good[0][3] == D("56586554400.73")  # the specification's answer

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tilewise import plan, topology
-from tilewise.data import TABLES, Dataset
+from tilewise.benchmarks.tpch.data import TABLES
+from tilewise.data import Dataset
 from tilewise.engines import memory
 from tilewise.engines.trino import runtime as tc
 from tilewise.engines.trino import hive as th
@@ -99,7 +100,7 @@ def _dataset(tmp_path, **kw) -> Dataset:
                                  "price": pa.array([decimal.Decimal("1.25")] * 2, pa.decimal128(15, 2)),
                                  "name": pa.array(["a", "b"], pa.string()),
                                  "day": pa.array([datetime.date(1995, 1, 1)] * 2, pa.date32())}), d / f"{t}.parquet")
-    return Dataset("tpch", 0.01, d, **kw)
+    return Dataset("tpch", 0.01, d, table_names=TABLES, **kw)
 
 
 def test_schema_name_per_data_set(tmp_path):

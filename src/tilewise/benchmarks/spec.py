@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tilewise.data import TABLES, Dataset, raw
+from tilewise.data import Dataset, raw
 from tilewise.data.refresh import DataState, RefreshSet
 from tilewise.errors import UsageError
 
@@ -94,7 +94,7 @@ class DataCheck:
 class Data(abc.ABC):
     """How a benchmark's data set is generated, cached and checked."""
 
-    tables: tuple[str, ...] = TABLES  # the tables of a set (the TPC-H schema's unless told)
+    tables: tuple[str, ...]  # the tables of a set, in the benchmark's order (every Data names its own)
     seeded: bool = False  # the generator takes a seed (`data generate --seed`, `bench --data-seed`)
     default_seed: int | None = None
     sf_rule: str = "> 0"  # the scale factors it accepts, for help texts

@@ -19,10 +19,6 @@ from pathlib import Path
 
 from tilewise.data.sources import TableSource
 
-# The TPC-H schema's tables (TPC-H and JCC-H): a Dataset's tables unless its benchmark names others.
-TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
-
-
 @dataclass(frozen=True)
 class ForeignKey:
     table: str
@@ -48,27 +44,12 @@ class Keys:
                             for f in self.foreign]}
 
 
-def _fk(table: str, columns: str, parent: str, parent_columns: str) -> ForeignKey:
+def fk(table: str, columns: str, parent: str, parent_columns: str) -> ForeignKey:
+    """ForeignKey("lineitem", ("l_orderkey",), ...) from comma-separated column lists."""
     return ForeignKey(table, tuple(columns.split(",")), parent, tuple(parent_columns.split(",")))
 
 
-# TPC-H's keys (specification 1.4.2: primary keys; the foreign keys of its schema diagram, 2.4.x)
-TPCH_KEYS = Keys(
-    primary=(("region", ("r_regionkey",)), ("nation", ("n_nationkey",)), ("supplier", ("s_suppkey",)),
-             ("customer", ("c_custkey",)), ("part", ("p_partkey",)), ("partsupp", ("ps_partkey", "ps_suppkey")),
-             ("orders", ("o_orderkey",)), ("lineitem", ("l_orderkey", "l_linenumber"))),
-    foreign=(_fk("nation", "n_regionkey", "region", "r_regionkey"),
-             _fk("supplier", "s_nationkey", "nation", "n_nationkey"),
-             _fk("customer", "c_nationkey", "nation", "n_nationkey"),
-             _fk("partsupp", "ps_partkey", "part", "p_partkey"),
-             _fk("partsupp", "ps_suppkey", "supplier", "s_suppkey"),
-             _fk("orders", "o_custkey", "customer", "c_custkey"),
-             _fk("lineitem", "l_orderkey", "orders", "o_orderkey"),
-             _fk("lineitem", "l_partkey,l_suppkey", "partsupp", "ps_partkey,ps_suppkey")),
-)
-
-
-def table_paths(d: str | Path, names: tuple[str, ...] = TABLES) -> dict[str, Path]:
+def table_paths(d: str | Path, names: tuple[str, ...]) -> dict[str, Path]:
     """table -> <d>/<table>.parquet, in the order of names."""
     d = Path(d)
     return {t: d / f"{t}.parquet" for t in names}
@@ -81,7 +62,7 @@ class Dataset:
     dir: Path
     seed: int | None = None
     title: str = ""  # what messages call the benchmark, e.g. "TPC-H" ("": its name upper-cased)
-    table_names: tuple[str, ...] = TABLES
+    table_names: tuple[str, ...] = ()  # its tables, in the benchmark's order (its spec says which)
     keys: Keys | None = None  # the benchmark's primary and foreign keys (None: it defines none)
     sources: tuple[TableSource, ...] = ()  # a layout's or raw tables' files; () = <dir>/<table>.parquet
     in_place: bool = False  # engines read the files per query (views over them) instead of loading them
@@ -129,9 +110,13 @@ class Dataset:
         return d
 
     @classmethod
-    def at(cls, d: str | Path, *, benchmark: str = "tpch", sf: float = 0.0, seed: int | None = None,
-           title: str = "", table_names: tuple[str, ...] = TABLES) -> Dataset:
-        """A Dataset for an existing directory of Parquet tables (tests, user-supplied data)."""
+    def at(cls, d: str | Path, *, benchmark: str = "data", sf: float = 0.0, seed: int | None = None,
+           title: str = "", table_names: tuple[str, ...] | None = None) -> Dataset:
+        """A Dataset for an existing directory of Parquet tables (tests, user-supplied data): the
+        tables named, else every <table>.parquet in it; benchmark: whose data it is ("data": no
+        benchmark's)."""
+        if table_names is None:
+            table_names = tuple(sorted(p.stem for p in Path(d).glob("*.parquet")))
         return cls(benchmark, float(sf), Path(d), seed, title, tuple(table_names))
 
 

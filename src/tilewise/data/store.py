@@ -27,7 +27,6 @@ from pathlib import Path
 
 from tilewise import dirs
 from tilewise import launch, procs
-from tilewise.data import TABLES
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json, replace_dir
 
@@ -58,7 +57,7 @@ def read_manifest(d: Path) -> dict | None:
         return None
 
 
-def is_valid(d: Path, fmt: str, tables=TABLES) -> bool:
+def is_valid(d: Path, fmt: str, tables: tuple[str, ...]) -> bool:
     """True when d holds a complete set of format fmt: manifest, every table, sizes and footers match."""
     try:
         man = read_manifest(d)
@@ -78,7 +77,7 @@ def is_valid(d: Path, fmt: str, tables=TABLES) -> bool:
         return False
 
 
-def table_info(d: Path, tables=TABLES) -> dict:
+def table_info(d: Path, tables: tuple[str, ...]) -> dict:
     """{table: {rows, bytes}} of the Parquet files in d (each must exist)."""
     import pyarrow.parquet as pq
 
@@ -91,7 +90,8 @@ def table_info(d: Path, tables=TABLES) -> dict:
     return out
 
 
-def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, log=None, tables=TABLES) -> Path:
+def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, tables: tuple[str, ...],
+           log=None) -> Path:
     """The set at target, built by build(tmp_dir) -> manifest fields when missing or invalid
     (`tables`: the Parquet files the set holds; the 8 TPC-H tables unless told)."""
     def make(tmp: Path) -> None:

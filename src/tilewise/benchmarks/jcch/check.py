@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tilewise.benchmarks.jcch import rules as J
 from tilewise.benchmarks.spec import DataCheck
+from tilewise.benchmarks.tpch.data import TABLES
 from tilewise.data import table_paths
 
 REL_TOL = 0.01
@@ -32,7 +33,7 @@ class _Checks:
         import duckdb
 
         self.con = duckdb.connect()
-        for t, p in table_paths(d).items():
+        for t, p in table_paths(d, TABLES).items():
             self.con.execute(f"create view {t} as select * from read_parquet('{p}')")
         self.s = J.Sizes.for_sf(sf)
         self.hs = J.Hashes.of(self.s)

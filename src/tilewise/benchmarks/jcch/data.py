@@ -39,7 +39,7 @@ from tilewise.benchmarks.jcch import check as jcch_check
 from tilewise.benchmarks.jcch import rules as J
 from tilewise.benchmarks.spec import Data, DataCheck, check_seed
 from tilewise.benchmarks.tpch import data as tpch
-from tilewise.data import TPCH_KEYS, Dataset, Keys, store
+from tilewise.data import Dataset, Keys, store
 from tilewise.errors import UsageError
 
 TITLE = "JCC-H"
@@ -78,7 +78,7 @@ def set_dir(sf: float, seed: int = DEFAULT_SEED, data_dir: str | Path | None = N
 
 
 def is_valid(d: Path) -> bool:
-    return store.is_valid(d, MANIFEST_FORMAT)
+    return store.is_valid(d, MANIFEST_FORMAT, tpch.TABLES)
 
 
 def ensure_data(sf: float, data_dir: str | Path | None = None, *, seed: int = DEFAULT_SEED, log=None,
@@ -102,7 +102,8 @@ def ensure_data(sf: float, data_dir: str | Path | None = None, *, seed: int = DE
                 shutil.rmtree(scratch, ignore_errors=True)
         return {"sf": sf, "seed": seed, "generator": f"{GENERATOR} on {version}"}
 
-    return store.ensure(target, MANIFEST_FORMAT, build, what=f"JCC-H SF {sf:g} seed {seed}", log=log)
+    return store.ensure(target, MANIFEST_FORMAT, build, what=f"JCC-H SF {sf:g} seed {seed}", log=log,
+                        tables=tpch.TABLES)
 
 
 # JCC-H's keys: TPC-H's, but lineitem (l_partkey, l_suppkey) -> partsupp does not always hold.
@@ -110,9 +111,9 @@ def ensure_data(sf: float, data_dir: str | Path | None = None, *, seed: int = DE
 # generator, shared by both: tilewise.benchmarks.tpch.refresh) draw a new lineitem's supplier by
 # TPC-H's rule, so RF1 inserts pairs JCC-H's partsupp does not hold (56 of 60 lineitems of set 1
 # at SF 0.01). The loaded data satisfy every key; the refresh sets satisfy the others.
-KEYS = Keys(primary=TPCH_KEYS.primary,
+KEYS = Keys(primary=tpch.KEYS.primary,
             foreign=tuple(dataclasses.replace(f, holds=False) if (f.table, f.parent) == ("lineitem", "partsupp")
-                          else f for f in TPCH_KEYS.foreign))
+                          else f for f in tpch.KEYS.foreign))
 
 
 def dataset(sf: float, data_dir: str | Path | None = None, *, seed: int = DEFAULT_SEED, log=None,
@@ -120,10 +121,11 @@ def dataset(sf: float, data_dir: str | Path | None = None, *, seed: int = DEFAUL
     """The JCC-H data set at scale factor sf for seed, generated first if needed."""
     sf, seed = check_sf(sf), check_seed(seed)
     return Dataset("jcch", sf, ensure_data(sf, data_dir, seed=seed, log=log, progress=progress), seed, title=TITLE,
-                   keys=KEYS)
+                   table_names=tpch.TABLES, keys=KEYS)
 
 
 class _Data(Data):
+    tables = tpch.TABLES
     seeded = True
     default_seed = DEFAULT_SEED
     sf_rule = ">= 0.01"

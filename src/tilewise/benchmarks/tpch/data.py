@@ -13,9 +13,25 @@ import subprocess
 from pathlib import Path
 
 from tilewise.benchmarks.spec import Data, scale_factor
-from tilewise.data import TABLES, TPCH_KEYS, Dataset, raw, store, table_paths  # noqa: F401 - table_paths is part of this module's API
+from tilewise.data import Dataset, Keys, fk, raw, store, table_paths  # noqa: F401 - table_paths is part of this module's API
 
 TITLE = "TPC-H"
+# The TPC-H schema's tables (TPC-H and JCC-H), in load order
+TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
+# TPC-H's keys (specification 1.4.2: primary keys; the foreign keys of its schema diagram, 2.4.x)
+KEYS = Keys(
+    primary=(("region", ("r_regionkey",)), ("nation", ("n_nationkey",)), ("supplier", ("s_suppkey",)),
+             ("customer", ("c_custkey",)), ("part", ("p_partkey",)), ("partsupp", ("ps_partkey", "ps_suppkey")),
+             ("orders", ("o_orderkey",)), ("lineitem", ("l_orderkey", "l_linenumber"))),
+    foreign=(fk("nation", "n_regionkey", "region", "r_regionkey"),
+             fk("supplier", "s_nationkey", "nation", "n_nationkey"),
+             fk("customer", "c_nationkey", "nation", "n_nationkey"),
+             fk("partsupp", "ps_partkey", "part", "p_partkey"),
+             fk("partsupp", "ps_suppkey", "supplier", "s_suppkey"),
+             fk("orders", "o_custkey", "customer", "c_custkey"),
+             fk("lineitem", "l_orderkey", "orders", "o_orderkey"),
+             fk("lineitem", "l_partkey,l_suppkey", "partsupp", "ps_partkey,ps_suppkey")),
+)
 
 MANIFEST = store.MANIFEST
 MANIFEST_FORMAT = "tilewise-tpch-data/1"
@@ -62,7 +78,7 @@ def run_tpchgen(sf: float, out_dir: Path, tables: tuple[str, ...] = TABLES, *, p
 
 def is_valid(d: Path) -> bool:
     """True when d holds a complete set: manifest, every table, sizes and Parquet footers match."""
-    return store.is_valid(d, MANIFEST_FORMAT)
+    return store.is_valid(d, MANIFEST_FORMAT, TABLES)
 
 
 def ensure_data(sf: float, data_dir: str | Path | None = None, *, log=None, progress=None) -> Path:
@@ -74,13 +90,13 @@ def ensure_data(sf: float, data_dir: str | Path | None = None, *, log=None, prog
         run_tpchgen(sf, tmp, progress=progress)
         return {"sf": sf, "generator": tpchgen_version()}
 
-    return store.ensure(target, MANIFEST_FORMAT, build, what=f"TPC-H SF {sf:g} (tpchgen-cli)", log=log)
+    return store.ensure(target, MANIFEST_FORMAT, build, what=f"TPC-H SF {sf:g} (tpchgen-cli)", log=log, tables=TABLES)
 
 
 def dataset(sf: float, data_dir: str | Path | None = None, *, log=None, progress=None) -> Dataset:
     """The TPC-H data set at scale factor sf, generated first if needed."""
     return Dataset("tpch", check_sf(sf), ensure_data(sf, data_dir, log=log, progress=progress), title=TITLE,
-                   keys=TPCH_KEYS)
+                   table_names=TABLES, keys=KEYS)
 
 
 def raw_dataset(sf: float, fmt: str = "csv", data_dir: str | Path | None = None, *, log=None) -> Dataset:
@@ -106,11 +122,12 @@ def raw_dataset(sf: float, fmt: str = "csv", data_dir: str | Path | None = None,
         raw.finish_set(tmp, fmt, f"tpchgen-cli {fmt} ({tpchgen_version()})", srcs, sf=sf)
 
     d = raw.ensure_set(target, fmt, build, what=f"TPC-H SF {sf:g} as {fmt} (tpchgen-cli)", log=log)
-    ds = Dataset("tpch", sf, sf_dir(sf, data_dir), title=TITLE)
+    ds = Dataset("tpch", sf, sf_dir(sf, data_dir), title=TITLE, table_names=TABLES)
     return ds.with_sources(raw.discover(d, tables=TABLES), layout=fmt, dir=d)
 
 
 class _Data(Data):
+    tables = TABLES
     raw_generator = "tpchgen-cli csv|tbl"
 
     def raw(self, sf: float, fmt: str = "csv", data_dir: str | Path | None = None, *, seed: int | None = None,
