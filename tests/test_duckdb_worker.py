@@ -48,9 +48,10 @@ def test_plain_baseline_runs_the_given_sql_in_order(data_root, tmp_path):
 
 
 def test_plain_baseline_says_when_data_is_missing(tmp_path):
-    cp = subprocess.run([sys.executable, "-m", "tilewise.bench.plain_duckdb", "--data", str(tmp_path)],
-                        capture_output=True, text=True, timeout=60)
-    assert cp.returncode != 0 and "Error:" in cp.stderr and "region.parquet" in cp.stderr
+    for args, says in ((["--tables", "region,nation"], "has no region.parquet"), ([], "has no <table>.parquet")):
+        cp = subprocess.run([sys.executable, "-m", "tilewise.bench.plain_duckdb", "--data", str(tmp_path), *args],
+                            capture_output=True, text=True, timeout=60)
+        assert cp.returncode != 0 and cp.stderr.startswith("Error:") and says in cp.stderr, cp.stderr
 
 
 # ---- the worker path ---------------------------------------------------------------------------

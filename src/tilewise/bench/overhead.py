@@ -1,10 +1,11 @@
-"""What tilewise adds to DuckDB's own TPC-H time, with a confidence interval (issue 14).
+"""What tilewise adds to DuckDB's own time on a benchmark (TPC-H by default, --benchmark any
+registered one), with a confidence interval (issue 14).
 
 A round is two passes over the same data, the same SQL in the same order and the same CPUs (so
 the same thread count), each in a fresh process:
 
 - plain: ``python -m tilewise.bench.plain_duckdb`` (no tilewise in the loop);
-- tilewise: ``tilewise bench tpch --engine duckdb --policies wim --streams 1`` (a single
+- tilewise: ``tilewise bench <benchmark> --engine duckdb --policies wim --streams 1`` (a single
   power-style stream; no refresh functions, which the plain pass does not run), through the whole
   harness: plan, the DuckDB runtime's bound server, validation.
 
@@ -35,12 +36,12 @@ import random
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tilewise import cpulist, launch, topology
 from tilewise import plan as planner
-from tilewise.benchmarks.tpch import data as tpch_data
+from tilewise import benchmarks
 from tilewise.engines.duckdb import SPEC as DUCKDB
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
@@ -56,7 +57,8 @@ class Config:
     sf: float = 1.0
     rounds: int = 6
     runs: int = 3
-    queries: list[int] = field(default_factory=lambda: list(range(1, 23)))
+    benchmark: str = "tpch"  # whose data and queries (tilewise.benchmarks)
+    queries: list | None = None  # the benchmark's query ids (None: all of them)
     order: str = "abba"  # abba | random
     seed: int = 1
     out: str | Path = "overhead-results"
@@ -134,17 +136,16 @@ def summarise(rounds: list[dict]) -> dict:
 
 # ---- the passes ------------------------------------------------------------------------------
 
+# what the tilewise pass's power test runs, in its order, as the tilewise tree under test has it
+# (--tilewise-src): the benchmark's stream 0 with its default parameters and seed
 _SQL_SNIPPET = r"""
 import json, sys
-qs = json.loads(sys.argv[1])
-try:  # a harness with TPC-H's power test: stream 0's order and SQL
-    from tilewise.benchmarks.tpch.queries import stream_order
-    from tilewise.bench.harness import query_sql
-    out = [(n, query_sql(n, 0)) for n in stream_order(0, qs)]
-except ImportError:
-    from tilewise.benchmarks.tpch.queries import load
-    out = [(n, load(n)) for n in qs]
-print(json.dumps([{"query": n, "sql": s} for n, s in out]))
+from tilewise import benchmarks
+name, sf, qs = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3])
+b = benchmarks.get(name)
+qset = b.query_set(None, seed=0, sf=sf)
+ids = b.catalog.stream_order(0, b.catalog.parse(",".join(map(str, qs)) if qs else None))
+print(json.dumps([{"query": q, "sql": qset.sql(q, 0)} for q in ids]))
 """
 
 
@@ -168,9 +169,10 @@ def _run(argv: list[str], env: dict, timeout: float | None, what: str) -> str:
     return out
 
 
-def tpch_flags(env: dict) -> list[str]:
+def pass_flags(env: dict, benchmark: str) -> list[str]:
     """Flags for one power-style stream without refresh functions, where this tilewise has them."""
-    text = _run([sys.executable, "-m", "tilewise", "bench", "tpch", "--help"], env, 60, "tilewise bench tpch --help")
+    text = _run([sys.executable, "-m", "tilewise", "bench", benchmark, "--help"], env, 60,
+                f"tilewise bench {benchmark} --help")
     flags = []
     if "--tests" in text:
         flags += ["--tests", "power"]
@@ -203,14 +205,16 @@ def run(cfg: Config, rep: Reporter | None = None) -> dict:
     out = writer.dir
     topo = topology.load(None)
     cpus = cpulist.format(planner.plan(topo, "wim").instances[0].cpus)  # the tilewise worker's CPUs
-    dataset = tpch_data.dataset(cfg.sf, cfg.data_dir, log=rep.message)
+    bench = benchmarks.get(cfg.benchmark)
+    dataset = bench.dataset(cfg.sf, cfg.data_dir, log=rep.message)
     tw_env, plain_env = _env(cfg.tilewise_src), _env(None)
-    flags = tpch_flags(tw_env)
-    sql = json.loads(_run([sys.executable, "-c", _SQL_SNIPPET, json.dumps(cfg.queries)], tw_env, 60, "listing the SQL"))
+    flags = pass_flags(tw_env, bench.name)
+    sql = json.loads(_run([sys.executable, "-c", _SQL_SNIPPET, bench.name, f"{dataset.sf:g}", json.dumps(cfg.queries)],
+                          tw_env, 60, "listing the SQL"))
     sql_file = out / "queries.json"
     atomic_write_json(sql_file, sql)
     doc = model.new("overhead", topo=topo, engines={DUCKDB.name: _duckdb_version()}, params={
-        "sf": cfg.sf, "rounds": cfg.rounds, "runs": cfg.runs, "queries": [q["query"] for q in sql], "order": cfg.order,
+        "benchmark": bench.name, "sf": cfg.sf, "rounds": cfg.rounds, "runs": cfg.runs, "queries": [q["query"] for q in sql], "order": cfg.order,
         "seed": cfg.seed, "cpus": cpus, "plain_fetch": cfg.plain_fetch, "tilewise_src": cfg.tilewise_src,
         "tilewise_flags": ["--engine", DUCKDB.name, "--policies", "wim", "--streams", "1", *flags],
         "schedule": [list(o) for o in order]})
@@ -223,7 +227,8 @@ def run(cfg: Config, rep: Reporter | None = None) -> dict:
             for side in sides:
                 if side == "plain":
                     text = _run([sys.executable, "-m", "tilewise.bench.plain_duckdb", "--sf", f"{cfg.sf:g}",
-                                 "--runs", str(cfg.runs), "--data", str(dataset.dir), "--sql", str(sql_file),
+                                 "--runs", str(cfg.runs), "--data", str(dataset.dir), "--tables",
+                                 ",".join(dataset.table_names), "--sql", str(sql_file),
                                  "--fetch", cfg.plain_fetch, "--cpus", cpus, "--json"], plain_env, cfg.timeout_s,
                                 f"round {i} plain pass")
                     raw = json.loads(text)
@@ -231,10 +236,11 @@ def run(cfg: Config, rep: Reporter | None = None) -> dict:
                         "threads": raw["threads"], "run_cpu_s": raw["run_cpu_s"], "load_s": raw["load_s"]}
                 else:
                     pdir = out / "passes" / f"round{i:02d}-tilewise"
-                    _run([sys.executable, "-m", "tilewise", "bench", "tpch", "--engine", DUCKDB.name,
+                    _run([sys.executable, "-m", "tilewise", "bench", bench.name, "--engine", DUCKDB.name,
                           "--policies", "wim", "--streams", "1",
                           *flags, "--runs", str(cfg.runs), "--sf", f"{cfg.sf:g}",
                           "--queries", ",".join(str(q["query"]) for q in sql), "--data-dir", str(dataset.dir.parent),
+                          *(["--data-seed", str(dataset.seed)] if dataset.seed is not None else []),
                           "--out", str(pdir), "--no-plots", "--json"], tw_env, cfg.timeout_s, f"round {i} tilewise pass")
                     tdoc = json.loads((pdir / "results.json").read_text())
                     rnd["tilewise"] = _tilewise_figures(tdoc) | {

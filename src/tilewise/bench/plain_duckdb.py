@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
 FORMAT = "tilewise-plain-duckdb/1"
 
 
@@ -36,10 +35,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sf", default="1", help="scale factor of the cached data set (default 1)")
     ap.add_argument("--runs", type=int, default=3, help="timed passes after one warm-up pass (default 3)")
-    ap.add_argument("--data", default=None, help="directory with the 8 tables as <table>.parquet "
-                    "(default: ~/.cache/tilewise/tpch/sf<SF>; `tilewise bench tpch` generates it)")
+    ap.add_argument("--benchmark", default="tpch", help="whose cached data set and queries (default tpch)")
+    ap.add_argument("--data", default=None, help="directory with the tables as <table>.parquet "
+                    "(default: ~/.cache/tilewise/<benchmark>/sf<SF>; `tilewise bench <benchmark>` generates it)")
+    ap.add_argument("--tables", default=None, help="the tables to load, comma-separated (default: every "
+                    "<table>.parquet in --data)")
     ap.add_argument("--sql", default=None, metavar="FILE", help="JSON list of {query, sql} to run, in order "
-                    "(default: the 22 queries in order 1..22)")
+                    "(default: the benchmark's queries with their qualification parameters, in catalog order)")
     ap.add_argument("--fetch", choices=("worker", "rows"), default="worker",
                     help="worker: fetch each answer as a tilewise worker does (default); rows: fetchall()")
     ap.add_argument("--cpus", default=None, help="bind to these CPUs first, e.g. 0-7 (default: as started)")
@@ -50,12 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def queries(sql_file: str | None) -> list[tuple[int, str]]:
+def queries(sql_file: str | None, benchmark: str) -> list[tuple[int | str, str]]:
     if sql_file:
-        return [(int(q["query"]), q["sql"]) for q in json.loads(Path(sql_file).read_text())]
-    from tilewise.benchmarks.tpch import queries as Q
+        return [(q["query"], q["sql"]) for q in json.loads(Path(sql_file).read_text())]
+    from tilewise import benchmarks
 
-    return [(n, Q.load(n)) for n in Q.NUMBERS]
+    cat = benchmarks.get(benchmark).catalog
+    return [(q, cat.text(q)) for q in cat.ids]
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -65,11 +68,13 @@ def run(a: argparse.Namespace) -> dict:
         os.sched_setaffinity(0, cpulist.parse(a.cpus))
     from tilewise import dirs  # this baseline process imports as little of tilewise as it can
 
-    data = Path(a.data or dirs.cache_dir("tpch") / f"sf{float(a.sf):g}")
-    missing = [t for t in TABLES if not (data / f"{t}.parquet").is_file()]
+    data = Path(a.data or dirs.cache_dir(a.benchmark) / f"sf{float(a.sf):g}")
+    tables = a.tables.split(",") if a.tables else sorted(p.stem for p in data.glob("*.parquet"))
+    missing = [f"{t}.parquet" for t in tables if not (data / f"{t}.parquet").is_file()] or (
+        [] if tables else ["<table>.parquet"])
     if missing:
-        raise SystemExit(f"Error: {data} has no {missing[0]}.parquet (generate it: tilewise bench tpch --sf {a.sf} once)")
-    qs = queries(a.sql)
+        raise SystemExit(f"Error: {data} has no {missing[0]} (generate it: tilewise bench {a.benchmark} --sf {a.sf} once)")
+    qs = queries(a.sql, a.benchmark)
     import duckdb
 
     from tilewise.engines.duckdb.server import connect, fetch_answer, load_tables
@@ -77,10 +82,10 @@ def run(a: argparse.Namespace) -> dict:
     threads = len(os.sched_getaffinity(0))
     con = connect(threads)  # as a server sets up its database (threads, lossless Arrow export)
     t0 = time.perf_counter()
-    load_tables(con, {t: str(data / f"{t}.parquet") for t in TABLES})
+    load_tables(con, {t: str(data / f"{t}.parquet") for t in tables})
     load_s = time.perf_counter() - t0
-    per_q: dict[int, list[float]] = {n: [] for n, _ in qs}
-    warm: dict[int, float] = {}
+    per_q: dict[int | str, list[float]] = {n: [] for n, _ in qs}
+    warm: dict[int | str, float] = {}
     walls, cpus = [], []
     for r in range(a.runs + 1):  # pass 0 is the warm-up
         c0, w0 = time.process_time(), time.perf_counter()

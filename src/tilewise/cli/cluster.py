@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from tilewise import allocators, cpulist, engines
+from tilewise import allocators, benchmarks, cpulist, engines
 from tilewise.cli.common import INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
 from tilewise.cli.engines import EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, memory_help
 from tilewise.cli.plan import make_plan, plan_options
@@ -42,11 +42,14 @@ def _worker_options(f):
 @click.option("--engine", "-e", default=engines.DEFAULT_UP, show_default=True, type=EngineChoice(),
               cls=LazyHelpOption, help_text=engine_summaries)
 @_worker_options
-@click.option("--sf", default=None, help="Serve TPC-H at this scale factor (generated if needed): loaded into every "
-              "instance, or registered for the cluster's queries (`tilewise query`; the connect hints say how else).")
-@click.option("--data-dir", default=None, metavar="DIR", help="TPC-H data directory (default: the user cache).")
+@click.option("--sf", default=None, help="Serve the benchmark's data (--benchmark) at this scale factor (generated if "
+              "needed): loaded into every instance, or registered for the cluster's queries (`tilewise query`; the "
+              "connect hints say how else).")
+@click.option("--benchmark", "-b", "benchmark", default=None, metavar="NAME", cls=LazyHelpOption,
+              help_text=lambda: f"With --sf: whose data ({', '.join(benchmarks.names())}; default tpch).")
+@click.option("--data-dir", default=None, metavar="DIR", help="The benchmark's data directory (default: the user cache).")
 @click.option("--raw", "raw_format", type=click.Choice(["csv", "tbl"]), default=None,
-              help="With --sf: serve TPC-H's tables as tpchgen-cli writes them as text, read in place.")
+              help="With --sf: serve the benchmark's tables as text (TPC-H: as tpchgen-cli writes them), read in place.")
 @click.option("--data", "data_path", default=None, metavar="DIR",
               help="Serve a directory of raw tables (<table>.csv/.tbl/.json/.parquet or a folder of them), read in "
                    "place (engines that read files: `tilewise engines list`).")
@@ -63,22 +66,27 @@ def _worker_options(f):
               help="Same as `tilewise join --coordinator URL` (kept for scripts written for Spark).")
 @json_option
 def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
-           allocator, worker_memory, host, sf, data_dir, raw_format, data_path, crack_layout, layout_dir, crack_pause,
-           coordinator_memory, join, as_json):
+           allocator, worker_memory, host, sf, benchmark, data_dir, raw_format, data_path, crack_layout, layout_dir,
+           crack_pause, coordinator_memory, join, as_json):
     """Start a bound cluster that keeps running; print how to connect.
 
     One bound worker per plan instance (the engine's worker or server: --engine), verified from
     /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
     """
     if raw_format and sf is None:
-        raise UsageError("--raw serves TPC-H's tables as text: it needs --sf", "e.g. --sf 1 --raw csv")
+        raise UsageError("--raw serves a benchmark's tables as text: it needs --sf", "e.g. --sf 1 --raw csv")
+    if benchmark is not None and sf is None:
+        raise UsageError("--benchmark names whose data --sf serves: it needs --sf", f"e.g. --benchmark {benchmark} --sf 1")
+    bench = benchmarks.get(benchmark or "tpch") if sf is not None else None
+    if bench is not None:
+        sf = bench.data.check_sf(sf)
     if data_path and sf is not None:
         raise UsageError("--data and --sf both name the data to serve", "give one of them")
     if crack_layout and not (data_path or raw_format):
         raise UsageError("--crack transforms raw tables: start on them with --data DIR or --sf N --raw csv",
                          "e.g. tilewise up --engine duckdb --sf 1 --raw csv --crack auto")
     raw = {"format": raw_format, "data": data_path, "crack": crack_layout, "layout_dir": layout_dir,
-           "pause": crack_pause}
+           "pause": crack_pause, "benchmark": bench}
     _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json, raw)
 
@@ -113,12 +121,11 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
         raise UsageError(f"{spec.title} cannot switch a table to another copy while it runs: --crack does not apply",
                          f"use --engine {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.switch))}")
 
-    def dataset(log):  # --sf: TPC-H (its Parquet, or --raw its text), generated if needed; --data: raw tables
+    def dataset(log):  # --sf: the benchmark's (its Parquet, or --raw its text), generated if needed; --data: raw tables
         if sf is not None:
-            from tilewise.benchmarks.tpch import data as tpch_data
-
-            ds = (tpch_data.raw_dataset(sf, raw["format"], data_dir, log=log) if raw.get("format")
-                  else tpch_data.dataset(sf, data_dir, log=log))
+            data = raw["benchmark"].data
+            ds = (data.raw(sf, raw["format"], data_dir, log=log) if raw.get("format")
+                  else data.dataset(sf, data_dir, log=log))
         else:
             from tilewise.data import raw as rawdata
 

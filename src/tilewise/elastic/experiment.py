@@ -3,9 +3,10 @@ server and any replica engine the same way), with and without the elastic alloca
 case: ``run(config, reporter) -> results document``.
 
 Cases: ``os`` (static: no allocator, every allowed core, the OS schedules) and one per allocation
-mode (dense, sparse, adaptive), each for each workload: ``q6`` (every client runs TPC-H Q6 in a
-loop) and ``mixed`` (every client runs a random one of the queries in a loop, seeded; paper 002's
-mixed-phases TPC-H throughput load; ``--queries`` narrows the set).
+mode (dense, sparse, adaptive), each for each workload: ``q6`` (every client runs query 6 of the
+benchmark, TPC-H's Q6 by default, in a loop) and ``mixed`` (every client runs a random one of the
+queries in a loop, seeded; paper 002's mixed-phases TPC-H throughput load; ``--queries`` narrows
+the set). ``--benchmark`` picks any registered benchmark's data and queries.
 
 The DBMS is the engine's own runtime (the one `bench tpch` and `up` use): one instance holding the
 workload's tables, started on every allowed CPU. Its instance is a process tree rooted at the pid
@@ -35,8 +36,6 @@ from pathlib import Path
 
 from tilewise import benchmarks, engines, topology
 from tilewise import plan as planner
-from tilewise.benchmarks.tpch import data as tpch_data
-from tilewise.benchmarks.tpch import queries as tpch_queries
 from tilewise.elastic import daemon, enforce, modes, petri
 from tilewise.elastic.metrics import tree_cpu_seconds
 from tilewise.engines.contract import EngineSpec, Query
@@ -54,6 +53,7 @@ WORKLOADS = ("q6", "mixed")
 @dataclass
 class Config:
     engine: str = engines.DEFAULT_BENCH
+    benchmark: str = "tpch"  # whose data and queries (tilewise.benchmarks)
     sf: str | float = "0.1"
     clients: int = 4
     duration: float = 10.0
@@ -85,7 +85,7 @@ def _clients(runtime, queries: dict[int, str], clients: int, duration: float, se
 
     def client(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
-        nums = sorted(queries)
+        nums = list(queries)  # the catalog's order
         mine = []
         try:
             while time.perf_counter() < stop_at:
@@ -123,12 +123,14 @@ def check_engine(spec: EngineSpec) -> None:
 
 def run_case(*, config: str, workload: str, data, queries: dict, clients: int, duration: float,
              interval: float, topo, th_min: float, th_max: float, log_path: Path | None, seed: int = 1,
-             spec: EngineSpec | None = None, idle: float = 0.0) -> dict:
-    """One case on `data` (a TPC-H Dataset: the engine loads all of it, as paper 002's database
-    held the whole TPC-H set for its Q6 runs too)."""
+             spec: EngineSpec | None = None, idle: float = 0.0, bench=None) -> dict:
+    """One case on `data` (the benchmark's Dataset: the engine loads all of it, as paper 002's
+    database held the whole TPC-H set for its Q6 runs too); bench: whose queries (default TPC-H)."""
     spec = spec or engines.get(engines.DEFAULT_BENCH)
+    bench = bench or benchmarks.get(data.benchmark if data is not None else "tpch")
     check_engine(spec)
-    texts = {n: spec.sql(sql, Query("tpch", n, 0, f"q{int(n):02d}")) for n, sql in queries.items()}
+    cat = bench.catalog
+    texts = {n: spec.sql(sql, Query(bench.name, n, 0, cat.ref_key(n), cat.divisions(n))) for n, sql in queries.items()}
     whole = planner.plan(topo, "wim", smt=True)  # one instance on every allowed CPU (the allocator trims it)
     recs: list[dict] = []
     d = None
@@ -271,10 +273,12 @@ def _time_weighted(timeline: list, wall: float, first: float = 1.0) -> float:
     return total / wall if wall > 0 else float(prev_n)
 
 
-def queries_for(workload: str, selection: str | None = None) -> dict:
-    if workload == "q6":
-        return {6: tpch_queries.load(6)}
-    return {n: tpch_queries.load(n) for n in tpch_queries.parse_selection(selection)}
+def queries_for(workload: str, selection: str | None = None, bench=None) -> dict:
+    """{query id: text} of a workload in the benchmark's catalog (default TPC-H): q6 is its query 6
+    (every part of it where it has parts), mixed the selection (default all), in catalog order."""
+    cat = (bench or benchmarks.get("tpch")).catalog
+    ids = cat.parse("6" if workload == "q6" else selection)
+    return {n: cat.text(n) for n in ids}
 
 
 def check_choice(text: str, allowed: tuple, what: str) -> list[str]:
@@ -312,18 +316,19 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     cf = check_choice(cfg.configs, CONFIGS, "config")
     if cfg.queries is not None and "mixed" not in wl:
         raise UsageError("--queries chooses the mixed workload's queries", "add --workloads mixed, or drop --queries")
-    query_sets = {w: queries_for(w, cfg.queries) for w in wl}  # a bad --queries fails before anything starts
-    sf = tpch_data.check_sf(cfg.sf)
+    bench = benchmarks.get(cfg.benchmark)
+    query_sets = {w: queries_for(w, cfg.queries, bench) for w in wl}  # a bad --queries fails before anything starts
+    sf = bench.data.check_sf(cfg.sf)
     t = topology.load(cfg.topology_src)
     if not topology.is_live(t):
         raise UsageError("bench elastic runs processes: it needs this machine's topology", "drop --topology")
     writer = Writer(cfg.out, plots=False)
     out = writer.dir
-    data = benchmarks.get("tpch").data.dataset(sf, cfg.data_dir, log=rep.message)
-    params = {"engine": spec.name, "sf": sf, "clients": cfg.clients, "duration_s": cfg.duration,
+    data = bench.data.dataset(sf, cfg.data_dir, log=rep.message)
+    params = {"engine": spec.name, "benchmark": bench.name, "sf": sf, "clients": cfg.clients, "duration_s": cfg.duration,
               "interval_s": cfg.interval, "th_min": cfg.th_min, "th_max": cfg.th_max, "idle_s": cfg.idle,
               "threads": len(os.sched_getaffinity(0)), "seed": cfg.seed, "workloads": wl, "configs": cf,
-              "queries": sorted(query_sets.get("mixed", {})) or None}
+              "queries": list(query_sets.get("mixed", {})) or None}
     doc = model.new("elastic", topo=t, engines={spec.name: spec.version()}, allocator="system",
                     system_check=system_check(numa_nodes=len(t.cpu_nodes)), params=params)
     doc.update({"notes": notes(t), "cases": []})
@@ -335,7 +340,7 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
                 case = run_case(config=c, workload=w, data=data, queries=query_sets[w], clients=cfg.clients,
                                 duration=cfg.duration, interval=cfg.interval, topo=t, th_min=cfg.th_min,
                                 th_max=cfg.th_max, log_path=out / "logs" / f"{w}-{c}.jsonl", seed=cfg.seed, spec=spec,
-                                idle=cfg.idle)
+                                idle=cfg.idle, bench=bench)
                 doc["cases"].append(case)
                 writer.write(doc)  # a late failure loses nothing
     except BaseException as e:
