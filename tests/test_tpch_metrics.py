@@ -258,6 +258,27 @@ def test_power_and_throughput_tests_with_refresh(dataset, tmp_path):
     assert (tmp_path / "out" / "tpch_metrics.csv").exists() and (tmp_path / "out" / "tpch_metrics.png").exists()
 
 
+def test_between_runs_only_the_json_is_rewritten_and_tables_and_plots_are_made_once(dataset, tmp_path):
+    out = tmp_path / "out"
+    seen = []
+
+    class Watch(Steps):
+        def step(self, label):
+            super().step(label)
+            doc = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+            seen.append((doc is not None and bool(doc["metrics"]),
+                         sorted(p.name for p in out.iterdir() if p.name != "results.json") if out.exists() else []))
+
+    doc = harness.run(_cfg(dataset, tmp_path), Watch(), engine_cls=LocalEngine)
+    assert doc["complete"] and len(seen) > 3
+    assert all(files == [] for _, files in seen), seen  # no table or plot while it runs
+    assert any(has_metrics for has_metrics, _ in seen[2:])  # the JSON written so far carries its metrics
+    assert {"results.csv", "tpch_metrics.csv", "tpch_metrics.png"} <= {
+        p.name for p in out.iterdir()}
+    written = json.loads((out / "results.json").read_text())
+    assert written["plots"] and written["summary"]["wim"]["qphh_at_size"]["n"] == 2
+
+
 def test_a_replica_that_misses_a_refresh_is_a_wrong_answer(dataset, tmp_path):
     class Skips(LocalEngine):
         skip_refresh_on = (0,)

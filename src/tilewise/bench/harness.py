@@ -479,7 +479,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         doc["validation"]["reference"] = f"datafusion {validate.reference_engine_version()}"
         if not spec.engine_null_order:  # else once the engine's NULL order is known (_policy)
             _prepare_references(ctx, doc)
-    writer.write(doc)
+    writer.checkpoint(doc)
     wrong: list[str] = doc["validation"]["wrong_answers"]
     deployed: dict[tuple, str] = {}
     try:
@@ -487,7 +487,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
             key = deployment_key(p)
             if key in deployed:
                 _same_as(doc, label, p, deployed[key], rep)
-                writer.write(doc)
+                writer.checkpoint(doc)
                 continue
             deployed[key] = label
             weights = sorted({(n, w) for i in p.instances for n, w in i.weights.items()})
@@ -634,7 +634,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
             _queries(rec, ctx, times, warm, rows_of, detail, failed)
             if timed:
                 doc["completed"]["queries"][label] = [q for q, v in rec["queries"].items() if v.get("times_s")]
-            writer.write(doc)  # after every run: a late failure loses nothing
+            writer.checkpoint(doc)  # after every run: a late failure loses nothing
         _peak_memory(engine, rec)
         rec["complete"] = True
         doc["completed"]["policies"].append(label)

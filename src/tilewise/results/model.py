@@ -93,11 +93,12 @@ def stopped(doc: dict, exc: BaseException) -> dict:
     return finish(doc, complete=False, interrupted=True)
 
 
-def with_metrics(doc: dict) -> dict:
-    """Fill doc["metrics"] from the body (kinds without metrics of their own keep what they carry)."""
+def with_metrics(doc: dict, view=None) -> dict:
+    """Fill doc["metrics"] from the body (kinds without metrics of their own keep what they carry);
+    view: the document's typed view when the caller has it already."""
     k = kinds.get(doc.get("kind"))
     if k is not None and k.metrics is not None:
-        doc["metrics"] = [m for m in k.metrics(k.view(doc)) if m["values"]]
+        doc["metrics"] = [m for m in k.metrics(view if view is not None else k.view(doc)) if m["values"]]
     return doc
 
 

@@ -41,14 +41,23 @@ class Writer:
         if str(p) not in self.written:
             self.written.append(str(p))
 
+    def checkpoint(self, doc: dict) -> dict:
+        """Between a run's steps: derive the metrics and write the JSON alone (a late failure loses
+        nothing); the CSV files and plots are made once, by write() at the end, or by `tilewise
+        report` from what was written when the run never got there (kill -9)."""
+        report.prepare(doc)
+        if self.dir is not None:
+            self._write_json(doc)
+        return doc
+
     def write(self, doc: dict, *, plots: bool | None = None) -> dict:
-        """Derive the metrics, write the JSON, the CSV files and (unless plots=False) the plots."""
+        """Derive the metrics, make the CSV files and (unless plots=False) the plots, then write the
+        JSON once, naming the plots."""
         report.prepare(doc)
         if self.dir is None:
             return doc
+        produced = set()
         try:
-            self._done(fsutil.atomic_write_json(self.dir / self.name, doc, default=str))
-            produced = set()
             if self.csv:
                 for fname, text in report.csv_files(doc).items():
                     self._done(fsutil.atomic_write(self.dir / fname, text))
@@ -65,12 +74,18 @@ class Writer:
                 self._done(p)
                 produced.add(Path(p).name)
             doc["plots"] = [str(p) for p in self.plot_paths]
-            fsutil.atomic_write_json(self.dir / self.name, doc, default=str)
         else:
             self.plot_paths = []
             doc.pop("plots", None)
+        self._write_json(doc)
         self._remove_stale(doc, produced)
         return doc
+
+    def _write_json(self, doc: dict) -> None:
+        try:
+            self._done(fsutil.atomic_write_json(self.dir / self.name, doc, default=str))
+        except OSError as e:
+            raise TilewiseError(f"cannot write results to {self.dir}: {e.strerror or e}") from None
 
     def _remove_stale(self, doc: dict, produced: set[str]) -> None:
         for fname in report.owned_files(doc):

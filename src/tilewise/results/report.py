@@ -30,11 +30,15 @@ def _kind(doc: dict) -> kinds.Kind | None:
 
 
 def prepare(doc: dict) -> dict:
-    """Before a document is written: its metrics (from the body) and its kind's summary."""
-    model.with_metrics(doc)
+    """Before a document is written: its metrics (from the body) and its kind's summary, from one
+    typed view of it."""
     k = _kind(doc)
-    if k is not None and k.summary is not None:
-        doc["summary"] = k.summary(k.view(doc))
+    if k is None:
+        return doc
+    view = k.view(doc) if (k.metrics is not None or k.summary is not None) else None
+    model.with_metrics(doc, view)
+    if k.summary is not None:
+        doc["summary"] = k.summary(view)
     return doc
 
 
