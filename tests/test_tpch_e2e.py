@@ -73,6 +73,8 @@ def test_bench_two_policies_end_to_end(tmp_path, data_root):
     for pol in (wim, wic):
         for inst in pol["instances"]:
             assert {"cpus", "mem_nodes"} <= set(inst) and inst["binding_verified"] is True
+            assert inst["verification"] == "verified"  # one record: what /proc read back, per item
+            assert inst["checks"]["cpus"]["state"] == "verified" and inst["checks"]["cpus"]["want"]
             assert inst["threads"] == len(inst["cpus"])  # threads = the instance's CPU count
         assert sorted(pol["queries"], key=lambda q: int(q[1:])) == [f"q{n}" for n in range(1, 23)]
         for q, rec in pol["queries"].items():

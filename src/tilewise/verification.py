@@ -20,6 +20,8 @@ NUMA_MAPS_NAME = {"first-touch": "default", "preferred": "prefer", "membind": "b
                   "preferred-many": "prefer (many)"}
 
 VERIFIED, MISMATCH, NOT_CHECKABLE = "verified", "mismatch", "not checkable"
+# the one-field verdict (Verification.verdict) as results and `tilewise status` say it
+VERDICT_TEXT = {True: VERIFIED, False: MISMATCH, None: NOT_CHECKABLE}
 
 
 @dataclass
@@ -71,7 +73,7 @@ class Verification:
     @property
     def verdict(self) -> bool | None:
         """True verified, False mismatch, None not checkable (for one-field summaries)."""
-        return {VERIFIED: True, MISMATCH: False}.get(self.state)
+        return next(v for v, text in VERDICT_TEXT.items() if text == self.state)
 
     def summary(self) -> str:
         parts = [f"{k} {c.describe()}" for k, c in self.checks.items()]

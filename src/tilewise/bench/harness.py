@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import allocators, benchmarks, changes, cpulist, engines, topology
+from tilewise import allocators, benchmarks, changes, cpulist, engines, topology, verification
 from tilewise import plan as planner
 from tilewise.bench import far_memory, on_layout
 from tilewise.benchmarks import validate
@@ -876,9 +876,6 @@ def _check(answers: list[Answer], ctx: _Ctx, label: str, rows_of: dict, detail: 
             rep.message(f"WRONG ANSWER: {label} q{a.query} (stream {a.stream}, instance {a.instance}): {checks[0].detail}")
 
 
-VERDICT = {True: "verified", False: "mismatch", None: "not checkable"}
-
-
 def _instances(engine, p) -> list[dict]:
     """Per instance: as planned, its binding read back (engine.status()), and the engine's settings
     as it reports them (engine.info(): threads, memory, load time)."""
@@ -893,11 +890,13 @@ def _instances(engine, p) -> list[dict]:
         s = statuses.get(inst.id)
         if s is not None:
             d.update({"pid": s.pid, "binding_verified": s.binding_verified, "healthy": s.healthy,
-                      "verification": VERDICT[s.binding_verified]})
+                      "verification": s.verdict})
+            if s.verification is not None:  # the record read back from /proc, as the engine's status gave it
+                d["checks"] = s.verification.get("checks", {})
             if s.detail:
                 d["detail"] = s.detail
         else:
-            d.update({"binding_verified": None, "verification": VERDICT[None],
+            d.update({"binding_verified": None, "verification": verification.NOT_CHECKABLE,
                       "detail": failed or "the engine reported no status for this instance"})
         try:
             info = engine.info(inst.id) or {}

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from tilewise import allocators, benchmarks, cpulist, engines
+from tilewise import allocators, benchmarks, cpulist, engines, verification
 from tilewise.cli.common import INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
 from tilewise.cli.engines import EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, memory_help
 from tilewise.cli.plan import make_plan, plan_options
@@ -175,8 +175,8 @@ def print_status(doc: dict) -> None:
         mem = m["mem_policy"] + (f" {cpulist.format(m['mem_nodes'])}" if m["mem_nodes"] and
                                  m["mem_policy"] not in ("first-touch", "local") else "")
         execs = ",".join(str(e["pid"]) for e in m["executors"]) or "-"
-        binding = ("-" if not m.get("alive") else
-                   {True: "verified", False: "MISMATCH", None: "not checkable"}[m["binding_verified"]])
+        verdict = verification.VERDICT_TEXT[m["binding_verified"]]
+        binding = "-" if not m.get("alive") else verdict.upper() if m["binding_verified"] is False else verdict
         heal = "ok" if m["healthy"] else ("UNHEALTHY" if m.get("alive") else "DEAD")
         table.add_row(who, str(m["pid"]), m["cpus"], mem, f"{m['memory_mb']} MiB" if m["memory_mb"] else "-",
                       execs, binding, heal)

@@ -226,6 +226,13 @@ class InstanceStatus:
     healthy: bool
     detail: str = ""
     extra: dict = field(default_factory=dict)
+    # the binding as read back from /proc (verification.Verification.to_json()); None: not read (gone)
+    verification: dict | None = None
+
+    @property
+    def verdict(self) -> str:
+        """verified, mismatch or not checkable (verification.VERDICT_TEXT)."""
+        return verification.VERDICT_TEXT[self.binding_verified]
 
 
 def process_status(role: str, instance: int | None, pid: int, binding: Binding, alive: tuple[bool, str], *,
@@ -260,7 +267,8 @@ def instance_statuses(plan: Plan, docs: dict[int, dict], extra) -> list[Instance
                                       False, False, "worker not started"))
             continue
         out.append(InstanceStatus(inst.id, d["pid"], tuple(inst.cpus), tuple(inst.mem_nodes), inst.mem_policy,
-                                  d["binding_verified"], bool(d["healthy"]), d["detail"], extra(d)))
+                                  d["binding_verified"], bool(d["healthy"]), d["detail"], extra(d),
+                                  d.get("verification")))
     return out
 
 

@@ -339,7 +339,7 @@ class ProcessCluster(Runtime):
 
     def instance_extra(self, d: dict) -> dict:
         """The engine's own details of one instance's status document (InstanceStatus.extra)."""
-        return {"verification": d["verification"], "memory_mb": d["memory_mb"]}
+        return {"memory_mb": d["memory_mb"]}
 
     def info(self, instance: int) -> dict:
         """What results record per instance: the worker's cores (its threads) and memory."""

@@ -593,7 +593,7 @@ class PostgresServers(ProcessCluster):
         return d
 
     def instance_extra(self, d: dict) -> dict:
-        return {"verification": d["verification"], "memory_mb": d["memory_mb"], "port": d.get("port"),
+        return {"memory_mb": d["memory_mb"], "port": d.get("port"),
                 "processes": d.get("processes", [])}
 
     def info(self, instance: int) -> dict:
