@@ -48,6 +48,7 @@ from tilewise.environment import system_check
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.results import model as M
 from tilewise.results import stats
+from tilewise.results.kinds import benchmark as R
 from tilewise.results.output import Writer
 
 TESTS = ("power", "throughput")
@@ -559,24 +560,24 @@ def _not_comparable(ctx: _Ctx, doc: dict) -> None:
 
 
 def _same_as(doc: dict, label: str, p, other: str, rep: Reporter) -> None:
-    doc["policies"][label] = {"policy": p.policy, "requested": p.requested, "reasons": list(p.reasons),
-                              "instances": [_planned(i) for i in p.instances], "same_as": other, "complete": True,
-                              "queries": {}, "run_wall_s": [], "runs": []}
+    doc["policies"][label] = R.Policy.new(
+        policy=p.policy, requested=p.requested, reasons=list(p.reasons), same_as=other, complete=True,
+        instances=[_planned(i) for i in p.instances], queries={}, run_wall_s=[], runs=[]).to_json()
     doc["completed"]["policies"].append(label)
     rep.message(f"{label}: the same deployment as {other} ({len(p.instances)} instance(s) on the same CPUs and "
                 f"memory); not run again, reported as = {other}")
 
 
-def _planned(inst) -> dict:
-    return {"id": inst.id, "cpus": list(inst.cpus), "mem_nodes": list(inst.mem_nodes), "mem_policy": inst.mem_policy,
-            "numa_nodes": list(inst.numa_nodes), "l3_domains": list(inst.l3_domains)}
+def _planned(inst, **read_back) -> R.Instance:
+    """A plan instance's record: as planned, and what was read back or reported for it."""
+    return R.Instance.new(id=inst.id, cpus=list(inst.cpus), mem_nodes=list(inst.mem_nodes), mem_policy=inst.mem_policy,
+                          numa_nodes=list(inst.numa_nodes), l3_domains=list(inst.l3_domains), **read_back)
 
 
 def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[str], replicas: bool) -> None:
     cfg, rep = ctx.cfg, ctx.rep
-    rec = {"policy": p.policy, "requested": p.requested, "reasons": list(p.reasons), "same_as": None, "instances": [],
-           "queries": {}, "run_wall_s": [], "warmup_wall_s": [], "runs": [], "warmup": [],
-           "complete": False}
+    rec = R.Policy.new(policy=p.policy, requested=p.requested, reasons=list(p.reasons), same_as=None, instances=[],
+                       queries={}, run_wall_s=[], warmup_wall_s=[], runs=[], warmup=[], complete=False).to_json()
     doc["policies"][label] = rec
     msg = idle_warning(label, len(p.instances), ctx.streams, replicas) if "throughput" in cfg.tests else None
     if msg:
@@ -628,9 +629,9 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
             per_query = _per_query(one, cfg.queries)
             for n, t in per_query.items():
                 (times if timed else warm)[n].append(t)
-            one["run"] = r + 1 - int(cfg.warmup) if timed else 0
-            (rec["runs"] if timed else rec["warmup"]).append(one)
-            (rec["run_wall_s"] if timed else rec["warmup_wall_s"]).append(one["wall_s"])
+            one.run = r + 1 - int(cfg.warmup) if timed else 0
+            (rec["runs"] if timed else rec["warmup"]).append(one.to_json())
+            (rec["run_wall_s"] if timed else rec["warmup_wall_s"]).append(one.wall_s)
             _queries(rec, ctx, times, warm, rows_of, detail, failed)
             if timed:
                 doc["completed"]["queries"][label] = [q for q, v in rec["queries"].items() if v.get("times_s")]
@@ -675,13 +676,13 @@ def _tile_delta(before: dict, after: dict) -> list[dict]:
     return out
 
 
-def _per_query(one: dict, queries: list[QueryId]) -> dict[QueryId, float]:
+def _per_query(one: R.Run, queries: list[QueryId]) -> dict[QueryId, float]:
     """A run's figure per query: its power-test time, else the median over the throughput streams."""
-    if one.get("power"):
-        return {n: one["power"]["queries"][f"q{n}"] for n in queries if f"q{n}" in one["power"]["queries"]}
+    if one.power:
+        return {n: one.power.queries[f"q{n}"] for n in queries if f"q{n}" in one.power.queries}
     out = {}
     for n in queries:
-        ts = [s["queries"][f"q{n}"] for s in one["throughput"]["streams"] if f"q{n}" in s["queries"]]
+        ts = [s.queries[f"q{n}"] for s in one.throughput.streams if f"q{n}" in s.queries]
         if ts:
             out[n] = statistics.median(ts)
     return out
@@ -698,41 +699,37 @@ def _queries(rec: dict, ctx: _Ctx, times, warm, rows_of, detail, failed) -> None
             valid = None  # not checked, or (in some stream) without a reference answer
         else:
             valid = True
-        q = {"times_s": times[n], "warmup_s": warm[n], "rows": rows_of.get(n), "valid": valid,
-             **stats.query_stats(times[n])}
+        q = R.Query.new(times_s=times[n], warmup_s=warm[n], rows=rows_of.get(n), valid=valid,
+                        **stats.query_stats(times[n]))
         if n in detail:
-            q["error"] = detail[n]
+            q.error = detail[n]
         if n in failed:
-            q["error"] = q["failed"] = failed[n]
+            q.error = q.failed = failed[n]
         elif ctx.cfg.validate and n in ctx.no_reference:
-            q["not_comparable"] = ctx.no_reference[n]
+            q.not_comparable = ctx.no_reference[n]
         if ctx.rewritten(n):
-            q["rewritten"] = True
-        rec["queries"][f"q{n}"] = q
+            q.rewritten = True
+        rec["queries"][f"q{n}"] = q.to_json()
 
 
-def _one_run(engine, ctx: _Ctx, label: str, load_s: float | None) -> tuple[dict, list[Answer]]:
+def _one_run(engine, ctx: _Ctx, label: str, load_s: float | None) -> tuple[R.Run, list[Answer]]:
     """One run: the power test, then the throughput test (those selected). Returns the run's
     record (times, the benchmark's metrics) and every answer with the data states it may have seen."""
     cfg = ctx.cfg
     ctx.states.reset()
     answers: list[Answer] = []
-    one: dict = {"power": None, "throughput": None}
-    if "power" in cfg.tests:
-        one["power"] = _power_test(engine, ctx, label, answers)
-    if "throughput" in cfg.tests:
-        one["throughput"] = _throughput_test(engine, ctx, label, answers)
-    pw, th = one["power"], one["throughput"]
+    pw = _power_test(engine, ctx, label, answers) if "power" in cfg.tests else None
+    th = _throughput_test(engine, ctx, label, answers) if "throughput" in cfg.tests else None
     failed = sorted({f"q{a.query}" for a in answers if a.error is not None}, key=str)
-    if failed:
-        one["failed"] = failed  # not run: no time, left out of the figures
-    one.update(ctx.spec.metrics.figures(Measured(
+    figures = ctx.spec.metrics.figures(Measured(
         sf=cfg.sf, queries=len(cfg.queries) - len(failed), total_queries=len(ctx.spec.catalog.ids),
-        power_s=list(pw["queries"].values()) if pw else None,
-        power_refresh_s=[pw[k] for k in _refresh_keys(ctx) if pw.get(k) is not None] if pw else [],
-        streams=ctx.streams, interval_s=th["interval_s"] if th else None, refresh=bool(ctx.states.schedule),
-        load_s=load_s)))
-    one["wall_s"] = th["interval_s"] if th else pw["wall_s"]
+        power_s=list(pw.queries.values()) if pw else None,
+        power_refresh_s=[pw.get(k) for k in _refresh_keys(ctx) if pw.get(k) is not None] if pw else [],
+        streams=ctx.streams, interval_s=th.interval_s if th else None, refresh=bool(ctx.states.schedule),
+        load_s=load_s))
+    own = {k: figures.pop(k) for k in list(figures) if k in R.Run.__dataclass_fields__}  # TPC-H's, typed
+    one = R.Run.new(power=pw, throughput=th, **({"failed": failed} if failed else {}),  # failed: not timed
+                    **own, extra=figures, wall_s=th.interval_s if th else pw.wall_s)
     return one, answers
 
 
@@ -772,42 +769,42 @@ def _healthy(engine) -> bool:
     return bool(statuses) and all(s.healthy for s in statuses)
 
 
-def _power_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> dict:
+def _power_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> R.PowerTest:
     cfg = ctx.cfg
-    order = ctx.spec.catalog.stream_order(0, cfg.queries)
-    out: dict = {"order": order, "queries": {},
-                 "refresh": "/".join(ctx.spec.refresh.functions) if ctx.power_fns else "none"}
+    out = R.PowerTest.new(order=ctx.spec.catalog.stream_order(0, cfg.queries), queries={},
+                          refresh="/".join(ctx.spec.refresh.functions) if ctx.power_fns else "none")
     t0 = ctx.clock()
     k1, k2 = _refresh_keys(ctx) or (None, None)
-    if ctx.power_fns:
-        out[k1] = ctx.states.apply(engine, ctx.power_fns[0])
-    for n in order:
+    if ctx.power_fns:  # the refresh functions' seconds under the benchmark's names ("rf1_s")
+        out.extra[k1] = ctx.states.apply(engine, ctx.power_fns[0])
+    for n in out.order:
         before = engine.scan_stats() if ctx.tiles_now else None
         t = _ask(engine, ctx, n, 0, answers)
         if t is not None:
-            out["queries"][f"q{n}"] = t
+            out.queries[f"q{n}"] = t
         if before is not None:
             ctx.tiles["queries"][f"q{n}"] = _tile_delta(before, engine.scan_stats() or {})
         ctx.rep.step(f"{label}, power q{n}")
     if ctx.power_fns:
-        out[k2] = ctx.states.apply(engine, ctx.power_fns[1])
-    out["wall_s"] = ctx.clock() - t0
+        out.extra[k2] = ctx.states.apply(engine, ctx.power_fns[1])
+    out.wall_s = ctx.clock() - t0
     return out
 
 
-def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> dict:
+def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> R.ThroughputTest:
     cfg = ctx.cfg
     lock = threading.Lock()
-    out: dict = {"streams": [{"stream": s, "order": ctx.spec.catalog.stream_order(s, cfg.queries), "queries": {}}
-                             for s in range(1, ctx.streams + 1)],
-                 "refresh_stream": [] if ctx.stream_fns else None}
+    out = R.ThroughputTest.new(
+        streams=[R.Stream.new(stream=s, order=ctx.spec.catalog.stream_order(s, cfg.queries), queries={})
+                 for s in range(1, ctx.streams + 1)],
+        refresh_stream=[] if ctx.stream_fns else None)
 
-    def stream(rec: dict) -> None:
-        for n in rec["order"]:
-            t = _ask(engine, ctx, n, rec["stream"], answers, lock)
+    def stream(rec: R.Stream) -> None:
+        for n in rec.order:
+            t = _ask(engine, ctx, n, rec.stream, answers, lock)
             if t is not None:
-                rec["queries"][f"q{n}"] = t
-            ctx.rep.step(f"{label}, throughput stream {rec['stream']} q{n}")
+                rec.queries[f"q{n}"] = t
+            ctx.rep.step(f"{label}, throughput stream {rec.stream} q{n}")
 
     def refresh_stream() -> None:
         k1, k2 = _refresh_keys(ctx)
@@ -815,9 +812,9 @@ def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> di
             fn1, fn2 = ctx.stream_fns[i], ctx.stream_fns[i + 1]
             t1 = ctx.states.apply(engine, fn1)
             t2 = ctx.states.apply(engine, fn2)
-            out["refresh_stream"].append({"set": ctx.states.schedule[fn1][1].number, k1: t1, k2: t2})
+            out.refresh_stream.append({"set": ctx.states.schedule[fn1][1].number, k1: t1, k2: t2})
 
-    jobs = [lambda rec=rec: stream(rec) for rec in out["streams"]]
+    jobs = [lambda rec=rec: stream(rec) for rec in out.streams]
     if ctx.stream_fns:
         jobs.append(refresh_stream)
     t0 = ctx.clock()
@@ -832,7 +829,7 @@ def _throughput_test(engine, ctx: _Ctx, label: str, answers: list[Answer]) -> di
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    out["interval_s"] = ctx.clock() - t0
+    out.interval_s = ctx.clock() - t0
     return out
 
 
@@ -886,29 +883,29 @@ def _instances(engine, p) -> list[dict]:
     except Exception as e:  # noqa: BLE001 - recorded as "not checkable", never skipped silently
         statuses, failed = {}, f"the engine's status call failed: {str(e) or type(e).__name__}"
     for inst in p.instances:
-        d = _planned(inst)
         s = statuses.get(inst.id)
         if s is not None:
-            d.update({"pid": s.pid, "binding_verified": s.binding_verified, "healthy": s.healthy,
-                      "verification": s.verdict})
+            seen = {"pid": s.pid, "binding_verified": s.binding_verified, "healthy": s.healthy,
+                    "verification": s.verdict}
             if s.verification is not None:  # the record read back from /proc, as the engine's status gave it
-                d["checks"] = s.verification.get("checks", {})
+                seen["checks"] = s.verification.get("checks", {})
             if s.detail:
-                d["detail"] = s.detail
+                seen["detail"] = s.detail
         else:
-            d.update({"binding_verified": None, "verification": verification.NOT_CHECKABLE,
-                      "detail": failed or "the engine reported no status for this instance"})
+            seen = {"binding_verified": None, "verification": verification.NOT_CHECKABLE,
+                    "detail": failed or "the engine reported no status for this instance"}
         try:
             info = engine.info(inst.id) or {}
         except Exception:  # noqa: BLE001 - settings are recorded when the engine gives them
             info = {}
-        for k in ("load_s", "threads", "memory_mb", "settings", "load"):  # settings, load: the engine's own
+        # the engine's settings (settings, load: its own), and its resident memory once the data set is
+        # loaded (all of it; anonymous)
+        for k, name in (("load_s", "load_s"), ("threads", "threads"), ("memory_mb", "memory_mb"),
+                        ("settings", "settings"), ("load", "load"), ("rss_mb", "rss_loaded_mb"),
+                        ("rss_anon_mb", "rss_anon_loaded_mb")):
             if info.get(k) is not None:
-                d[k] = info[k]
-        for k, name in (("rss_mb", "rss_loaded_mb"), ("rss_anon_mb", "rss_anon_loaded_mb")):
-            if info.get(k) is not None:
-                d[name] = info[k]  # resident memory once the data set is loaded (all of it; anonymous)
-        out.append(d)
+                seen[name] = info[k]
+        out.append(_planned(inst, **seen).to_json())
     return out
 
 

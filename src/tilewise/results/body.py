@@ -44,6 +44,13 @@ class Record:
     absent: frozenset = dataclasses.field(default=frozenset(), kw_only=True, repr=False, compare=False)
 
     @classmethod
+    def new(cls, *, extra: dict | None = None, **given: Any) -> Self:
+        """A record as a producer writes it: the fields given (a misspelt name is a TypeError, never a
+        key that goes silently into extra) and `extra`, the keys its producer names at run time (a
+        benchmark's own figures); to_json() writes just those, and fields set later."""
+        return cls(**given, extra=dict(extra or {}), absent=_names(cls).difference(given))
+
+    @classmethod
     def from_json(cls, d: dict | None, where: str = "document") -> Self:
         try:
             return cls._read(d)

@@ -47,11 +47,17 @@ class Query(Record):
     warmup_s: list[float] = field(default_factory=list)
     rows: int | None = None
     valid: bool | None = None
+    # the statistics of the timed runs (results.stats.query_stats)
     n: int | None = None
     median_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    mean_s: float | None = None
+    stdev_s: float | None = None
     ci95_s: list[float] | None = None
     rel_spread: float | None = None
     outliers: list[int] = field(default_factory=list)
+    error: str | None = None  # why its answer is wrong, or the engine's error
     failed: str | None = None  # the engine could not run it: its error
     not_comparable: str | None = None  # the reference engine has no answer for it (valid is None)
     rewritten: bool = False  # the engine ran its dialect hook's rewrite of the text (EngineSpec.dialect)
@@ -63,20 +69,37 @@ class Query(Record):
 
 @dataclass
 class PowerTest(Record):
+    """One stream of every query, the refresh functions around it (their seconds, keyed by the
+    benchmark's function names, "rf1_s", are extra)."""
+    order: list = field(default_factory=list)
+    queries: dict[str, float] = field(default_factory=dict)
     refresh: str | None = None
+    wall_s: float | None = None
+
+
+@dataclass
+class Stream(Record):
+    stream: int | None = None
+    order: list = field(default_factory=list)
+    queries: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class ThroughputTest(Record):
+    streams: list[Stream] = field(default_factory=list)
+    refresh_stream: list[dict] | None = None  # per update set: {"set", "rf1_s", "rf2_s"} (the benchmark's names)
     interval_s: float | None = None
 
 
 @dataclass
 class Run(Record):
-    """One timed run's tests (TPC-H 5.3: power and throughput) and the benchmark's figures."""
+    """One run's tests (TPC-H 5.3: power and throughput) and the benchmark's figures (TPC-H's
+    below; another benchmark's, named by its metrics, are extra)."""
     run: int | None = None
     power: PowerTest | None = None
     throughput: ThroughputTest | None = None
+    failed: list[str] = field(default_factory=list)  # queries the engine could not run in it
+    wall_s: float | None = None
     power_at_size: float | None = None
     throughput_at_size: float | None = None
     qphh_at_size: float | None = None
@@ -86,10 +109,41 @@ class Run(Record):
 
 
 @dataclass
+class Instance(Record):
+    """One plan instance as planned, its binding as read back, and its settings as the engine
+    reports them."""
+    id: int | None = None
+    cpus: list[int] = field(default_factory=list)
+    mem_nodes: list[int] = field(default_factory=list)
+    mem_policy: str | None = None
+    numa_nodes: list[int] = field(default_factory=list)
+    l3_domains: list[int] = field(default_factory=list)
+    pid: int | None = None
+    binding_verified: bool | None = None
+    healthy: bool | None = None
+    verification: str | None = None  # verified | mismatch | not checkable (verification.VERDICT_TEXT)
+    checks: dict | None = None  # per item, what /proc read back (verification.Check)
+    detail: str | None = None
+    load_s: float | None = None
+    threads: int | None = None
+    memory_mb: int | None = None
+    settings: dict | None = None
+    load: dict | None = None
+    rss_loaded_mb: float | None = None
+    rss_anon_loaded_mb: float | None = None
+    rss_peak_mb: float | None = None
+
+
+@dataclass
 class Policy(Record):
     policy: str | None = None
+    requested: str | None = None  # the policy as asked (auto resolves to another)
+    reasons: list[str] = field(default_factory=list)
     same_as: str | None = None  # the same deployment as an earlier policy: not run again
-    instances: list[dict] = field(default_factory=list)
+    instances: list[Instance] = field(default_factory=list)
+    start_s: float | None = None
+    idle_instances: int | None = None
+    tiles: dict | None = None
     queries: dict[str, Query] = field(default_factory=dict)
     run_wall_s: list[float] = field(default_factory=list)
     warmup_wall_s: list[float] = field(default_factory=list)
