@@ -417,22 +417,25 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
     check = system_check(numa_nodes=len(topo.cpu_nodes))
     for w in check["warnings"]:
         rep.message(f"warning: {w}")
-    doc = M.new("benchmark", topo=topo, engines={cfg.engine: version}, allocator=cfg.allocator, system_check=check, params={
-        "engine": cfg.engine, "sf": cfg.sf, "policies": [label for label, _ in plans], "queries": list(cfg.queries),
-        "streams": streams, "streams_requested": cfg.streams, "runs": cfg.runs, "warmup": cfg.warmup,
-        "tests": list(cfg.tests), "refresh": cfg.refresh, "allocator": cfg.allocator, "mem": cfg.mem, "smt": cfg.smt,
-        "dataset": dataset.to_json(), "benchmark": cfg.benchmark, "query_params": qset.params,
-        "query_seed": qset.seed, "mem_variants": list(cfg.mem_variants), "query_timeout_s": cfg.query_timeout_s,
-        **({"layout": cfg.layout} if cfg.layout else {}),
-    })
+    params = R.Params.new(
+        engine=cfg.engine, sf=cfg.sf, policies=[label for label, _ in plans], queries=list(cfg.queries),
+        streams=streams, streams_requested=cfg.streams, runs=cfg.runs, warmup=cfg.warmup, tests=list(cfg.tests),
+        refresh=cfg.refresh, allocator=cfg.allocator, mem=cfg.mem, smt=cfg.smt,
+        dataset=R.Dataset.from_json(dataset.to_json()), benchmark=cfg.benchmark, query_params=qset.params,
+        query_seed=qset.seed, mem_variants=list(cfg.mem_variants), query_timeout_s=cfg.query_timeout_s,
+        **({"layout": cfg.layout} if cfg.layout else {}))
+    doc = M.new("benchmark", topo=topo, engines={cfg.engine: version}, allocator=cfg.allocator, system_check=check,
+                params=params.to_json())
     if layout_info is not None:
         doc["layout"] = layout_info
     doc.update({
-        "requested": {"policies": [label for label, _ in plans], "queries": [f"q{n}" for n in cfg.queries]},
-        "completed": {"policies": [], "queries": {}},
-        "validation": {"reference": None, "float_rel_tol": 1e-9, "rules": _validation_rules(), "enabled": cfg.validate,
-                       "wrong_answers": [], "failed_queries": [], "not_comparable": []},
-        "refresh": {"applied": False, "supported": supports},
+        "requested": R.PolicyList.new(policies=[label for label, _ in plans],
+                                      queries=[f"q{n}" for n in cfg.queries]).to_json(),
+        "completed": R.PolicyList.new(policies=[], queries={}).to_json(),
+        "validation": R.Validation.new(reference=None, float_rel_tol=1e-9, rules=_validation_rules(),
+                                       enabled=cfg.validate, wrong_answers=[], failed_queries=[],
+                                       not_comparable=[]).to_json(),
+        "refresh": R.Refresh.new(applied=False, supported=supports).to_json(),
         "notes": [], "policies": {}, "summary": {},
     })
     schedule: list[tuple[str, RefreshSet]] = []
@@ -449,9 +452,8 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         for rs in sets[k:]:
             stream_fns += [len(schedule), len(schedule) + 1]
             schedule += [(f1, rs), (f2, rs)]
-        doc["refresh"].update({
-            "applied": True, **spec.refresh.describe(cfg.sf), "sets": [rs.to_json() for rs in sets],
-            "restore": spec.refresh.restore})
+        doc["refresh"] = R.Refresh.new(applied=True, supported=supports, sets=[rs.to_json() for rs in sets],
+                                       restore=spec.refresh.restore, extra=spec.refresh.describe(cfg.sf)).to_json()
     else:
         why = ("--no-refresh" if cfg.refresh is False else f"{spec.title} has no refresh functions here"
                if spec.refresh is None else f"the tables are read in place from layout {cfg.layout} (files are "

@@ -170,28 +170,52 @@ class Dataset(Record):
 class Params(Record):
     engine: str | None = None
     sf: float | str | None = None
+    policies: list[str] = field(default_factory=list)
+    queries: list = field(default_factory=list)
     streams: int | None = None
+    streams_requested: int | None = None
     runs: int | None = None
+    warmup: bool | None = None
     tests: list[str] | None = None
+    refresh: bool | None = None  # --refresh/--no-refresh as given (None: where it applies)
+    allocator: str | None = None
+    mem: str | None = None
+    smt: bool | None = None
+    dataset: Dataset | None = None
     benchmark: str | None = None
     query_params: str | None = None
     query_seed: int | None = None
-    dataset: Dataset | None = None
+    mem_variants: list[str] = field(default_factory=list)
+    query_timeout_s: float | None = None
+    layout: str | None = None
 
 
 @dataclass
 class PolicyList(Record):
     policies: list[str] = field(default_factory=list)
+    queries: list | dict = field(default_factory=list)  # requested: ["q1", ...]; completed: {policy: [...]}
 
 
 @dataclass
 class Refresh(Record):
+    """Whether the refresh functions ran, and the benchmark's description of them (extra)."""
     applied: bool = False
+    supported: bool | None = None
+    reason: str | None = None  # why they did not run
+    sets: list[dict] = field(default_factory=list)
+    restore: str | None = None
 
 
 @dataclass
 class Validation(Record):
+    reference: str | None = None  # the reference engine and its version
+    float_rel_tol: float | None = None
+    rules: dict | None = None
+    enabled: bool | None = None
     wrong_answers: list[str] = field(default_factory=list)
+    failed_queries: list[str] = field(default_factory=list)
+    not_comparable: list[str] = field(default_factory=list)
+    references: dict | None = None  # how many answers were computed and cached
 
 
 @dataclass
