@@ -4,7 +4,7 @@ each variant against near memory with a 95 % confidence interval, and a verdict 
 terms: where the far tier is usable (a drop-in for near memory) and where it hurts.
 
 Pure functions: the variants' plans from a near-memory plan, and the study's summary from a
-results document; the harness (bench/tpch.py) runs them as deployments of their own.
+results document; the harness (bench/harness.py) runs them as deployments of their own.
 """
 
 from __future__ import annotations

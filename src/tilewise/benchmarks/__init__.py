@@ -4,7 +4,7 @@ here and nowhere else.
 Built-ins are listed by module path (listing names imports nothing); packages outside the tree
 register under the entry-point group ``tilewise.benchmarks`` (value: ``module`` or
 ``module:ATTRIBUTE``, default attribute SPEC). The command line's choices (`data --benchmark`,
-`bench tpch --benchmark`, `bench <name>`) come from here.
+`bench <name>`) come from here.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
     with several, compare each against the first: medians with n, the ratio of geometric means
     with its 95 % confidence interval, and whether the change is beyond the noise.
 
-    A TPC-H run and a JCC-H run of the same engine (bench tpch --benchmark jcch) are also shown
+    A TPC-H run and a JCC-H run of the same engine (bench tpch, bench jcch) are also shown
     side by side: per-query speedup over the first policy on each (with --out, tpch_vs_jcch.png).
 
     \b
