@@ -174,3 +174,15 @@ def test_format_2_state_of_each_engine_loads_into_its_runtime(state_env, engine,
     assert [m.extra for m in cl.members] == [extra] and st.to_json()["members"] == old["members"]
     doc = cluster.status(st)  # pid 1's start time never matches: reported as exited, not hung on
     assert doc["healthy"] is False and "exited" in doc["members"][0]["detail"]
+
+
+def test_join_refuses_an_impossible_port_before_anything_starts(state_env):
+    import time
+
+    t0 = time.monotonic()
+    cp = run_cli("join", "--engine", "spark", "--coordinator", "127.0.0.1:99999", "--name", "j", env=state_env,
+                 timeout=60)
+    assert cp.returncode == 2 and cp.stderr.strip().splitlines() == [
+        "Error: port 99999 of 'spark://127.0.0.1:99999' is out of range; a TCP port is 1..65535"], cp.stderr
+    assert time.monotonic() - t0 < 30  # refused at once, not when a worker fails to register
+    assert not list(Path(state_env["TILEWISE_CLUSTER_DIR"]).glob("*.json"))

@@ -158,3 +158,4 @@ def test_an_engine_written_against_the_contract_alone_is_driven_by_up_status_que
     assert set(pids) <= set(json.loads(dn.stdout)["stopped_pids"])
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
     assert not list(Path(d).glob("*.json")) and not (Path(d) / "dr").exists()
+    assert not list(Path(d).glob(".*.lock"))  # the lock file goes with the state it guarded

@@ -84,6 +84,19 @@ def test_stop_escalates_to_sigkill_and_reports_only_after_checking():
     assert c.returncode == -signal.SIGKILL
 
 
+def test_stop_resumes_a_stopped_process_so_sigterm_ends_it_within_the_grace_period():
+    c = launch.spawn([sys.executable, "-c", "import signal, sys, time\n"
+                      "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nprint('up', flush=True)\ntime.sleep(60)"],
+                     NONE, stdout=subprocess.PIPE, text=True)
+    assert c.stdout.readline().strip() == "up"
+    os.kill(c.pid, signal.SIGSTOP)  # what SIGSTOP on a server does: it would act on SIGTERM only when continued
+    _wait(lambda: procs.stat(c.pid).state in ("T", "t"), what="stopped")
+    t0 = time.monotonic()
+    rep = procs.stop(c, grace=10)
+    assert time.monotonic() - t0 < 5 and rep.ok  # not the whole grace period, and no SIGKILL needed
+    assert [p["by"] for p in rep.stopped] == ["SIGTERM"] and c.returncode == 0
+
+
 def test_stop_never_signals_a_reused_pid():
     victim = subprocess.Popen(["sleep", "30"])
     try:

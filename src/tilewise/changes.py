@@ -519,7 +519,8 @@ class Outcome:
         c = self.change
         t = c.target
         if self.result == "restored":
-            return f"restored {c.describe()} to {t.show(c.old)} (was set to {t.show(c.new)})"
+            new = t.show(c.new)
+            return f"restored {c.describe()} to {t.show(c.old)}" + (f" (was set to {new})" if new else "")
         if self.result == "unchanged":
             return f"{c.describe()} already at {t.show(c.old)}"
         if self.result == "gone":

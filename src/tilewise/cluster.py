@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import re
 import shutil
 import socket
@@ -150,18 +151,52 @@ def remove(st: ClusterState) -> None:
 
 @contextlib.contextmanager
 def locked(name: str):
-    """One up/down at a time per cluster name."""
+    """One up/down at a time per cluster name. The lock file goes with the state it guards: when no
+    cluster of that name is recorded afterwards (`down`, a refused or failed `up`), it is removed."""
     d = state_dir()
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fh = open(d / f".{check_name(name)}.lock", "w")
     except OSError as e:
         raise UsageError(f"cannot use the cluster state directory {d}: {e.strerror}",
                          "set TILEWISE_CLUSTER_DIR to a writable directory") from None
-    with fh:
-        # a background helper (cracking) holds it for milliseconds at a time
-        _flock(fh, 3.0, UsageError(f"another tilewise up/down is working on cluster {name!r}", "wait for it"))
+    # a background helper (cracking) holds it for milliseconds at a time
+    with _held(name, 3.0, UsageError(f"another tilewise up/down is working on cluster {name!r}", "wait for it")):
         yield
+
+
+@contextlib.contextmanager
+def _held(name: str, timeout_s: float, busy: Exception):
+    """The cluster's lock, held for the block; its file removed after it when no cluster of that
+    name is recorded then (still held: a waiter finds the file gone and opens the path again)."""
+    path = state_dir() / f".{check_name(name)}.lock"
+    with _lock(path, timeout_s, busy) as fh:
+        try:
+            yield fh
+        finally:
+            if not state_path(name).exists():
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+
+def _lock(path: Path, timeout_s: float, busy: Exception):
+    """The open lock file at path, locked: taken again when the file was removed meanwhile by its
+    last holder (a lock on a file no longer at the path guards nothing)."""
+    while True:
+        try:
+            fh = open(path, "a")
+        except OSError as e:
+            raise UsageError(f"cannot use the cluster state directory {path.parent}: {e.strerror}",
+                             "set TILEWISE_CLUSTER_DIR to a writable directory") from None
+        try:
+            _flock(fh, timeout_s, busy)
+            if os.fstat(fh.fileno()).st_ino == os.stat(path).st_ino:
+                return fh
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            fh.close()
+            raise
+        fh.close()
 
 
 def _flock(fh, timeout_s: float, busy: Exception) -> None:
@@ -182,13 +217,9 @@ def update(name: str, token: str, change, timeout_s: float = 60.0) -> bool:
     waiting for the cluster's lock (an `up` or `down` in progress). False when no cluster of that
     name is recorded, or another one is now (its token differs): nothing is written then, so a
     background helper of a cluster that was stopped never brings its record back."""
-    d = state_dir()
-    try:
-        fh = open(d / f".{check_name(name)}.lock", "w")
-    except OSError as e:
-        raise TilewiseError(f"cannot use the cluster state directory {d}: {e.strerror}") from None
-    with fh:
-        _flock(fh, timeout_s, TilewiseError(f"cluster {name!r} stayed locked for {timeout_s:.0f} s"))
+    if not state_path(name).exists():
+        return False  # nothing recorded: no lock file is made for it either
+    with _held(name, timeout_s, TilewiseError(f"cluster {name!r} stayed locked for {timeout_s:.0f} s")):
         st = load(name)
         if st is None or st.token != token:
             return False
@@ -203,12 +234,21 @@ def is_alive(st: ClusterState) -> bool:
     return st.cluster().alive()
 
 
-def detect_host(address: str) -> str:
-    """The local address that reaches HOST:PORT (or URL) -- what joining workers must advertise."""
+def check_address(address: str) -> tuple[str, int]:
+    """(host, port) of HOST:PORT (or scheme://HOST:PORT), the port in 1..65535: checked before
+    anything starts (a worker told an impossible port would fail only when it registers)."""
     m = re.fullmatch(r"(?:[a-z]+://)?([^:/]+):(\d+)/?", address or "")
     if not m:
         raise UsageError(f"{address!r} is not HOST:PORT", "use e.g. 10.0.0.1:8080 (or spark://HOST:PORT)")
-    host, port = m.group(1), int(m.group(2))
+    port = int(m.group(2))
+    if not 1 <= port <= 65535:
+        raise UsageError(f"port {port} of {address!r} is out of range", "a TCP port is 1..65535")
+    return m.group(1), port
+
+
+def detect_host(address: str) -> str:
+    """The local address that reaches HOST:PORT (or URL) -- what joining workers must advertise."""
+    host, port = check_address(address)
     if host in ("127.0.0.1", "localhost"):
         return "127.0.0.1"
     try:
@@ -255,7 +295,9 @@ def start(cfg: Config, reporter: Reporter | None = None) -> dict:
         raise UsageError(f"{spec.name} workers cannot join a cluster on another host",
                          f"use {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")
     cls = spec.runtime_class()
-    join = cls.join_address(cfg.join) if cfg.join else None
+    join = cls.join_address(cfg.join) if cfg.join else None  # the engine's own syntax first, then the port
+    if join:
+        check_address(join)
     per_mb = _worker_mb(spec, cfg.worker_memory)
     coord_mb = _coordinator_mb(spec, cfg.coordinator_memory)
     why = spec.missing()

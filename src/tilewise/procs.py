@@ -406,6 +406,11 @@ def members(trees: Sequence[Tree], proc: str = "/proc") -> dict[ProcId, Stat]:
     return out
 
 
+def send(pid_id: ProcId, sig: int, proc: str = "/proc") -> None:
+    """Signal exactly this process (never another that took its pid); never raises."""
+    _signal(pid_id, sig, proc)
+
+
 def _signal(pid_id: ProcId, sig: int, proc: str) -> None:
     """Signal exactly this process: a pidfd pins it, then its start time is checked."""
     try:
@@ -477,6 +482,10 @@ def _stop(trees: list[Tree], grace: float, kill_wait: float, proc: str) -> StopR
             if st.pgrp not in grouped:
                 _signal(i, sig, proc)
             by[i] = signal.Signals(sig).name
+        if sig == signal.SIGTERM:  # a stopped process (SIGSTOP) acts on SIGTERM only once it runs again
+            for i, st in live.items():
+                if st.state in ("T", "t"):
+                    _signal(i, signal.SIGCONT, proc)
         deadline = time.monotonic() + wait
         next_scan = time.monotonic() + 0.2
         while True:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tilewise import cpulist, dirs
+from tilewise import cpulist, dirs, launch
 
 QEMU = "qemu-system-x86_64"
 EXIT_MARK = "TILEWISE-VM-EXIT"
@@ -772,8 +772,10 @@ def _run(t: GuestTopology, command: str, *, cwd: str, env: dict[str, str], share
             (out / name).write_bytes(b"")
         cmd = qemu_command(t, kernel=kernel, initrd=initrd, out_dir=out, accel=accel)
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        # through the process edge: its own session, and SIGKILL when the Python that started it dies
+        # (pytest stopped by a timeout's SIGTERM runs no finally: the guest must not outlive it)
+        proc = launch.spawn(cmd, None, die_with_parent=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
         boot_s = None
         try:
             while True:

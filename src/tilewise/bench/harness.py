@@ -435,32 +435,13 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         "validation": R.Validation.new(reference=None, float_rel_tol=1e-9, rules=_validation_rules(),
                                        enabled=cfg.validate, wrong_answers=[], failed_queries=[],
                                        not_comparable=[]).to_json(),
-        "refresh": R.Refresh.new(applied=False, supported=supports).to_json(),
         "notes": [], "policies": {}, "summary": {},
     })
-    schedule: list[tuple[str, RefreshSet]] = []
-    power_fns, stream_fns = None, []
-    why = None
-    if refresh_on:
-        f1, f2 = spec.refresh.functions
-        nsets = (1 if "power" in cfg.tests else 0) + (streams if "throughput" in cfg.tests else 0)
-        sets = spec.refresh.ensure_sets(dataset, nsets, log=rep.message)
-        k = 0
-        if "power" in cfg.tests:
-            schedule += [(f1, sets[0]), (f2, sets[0])]
-            power_fns, k = (0, 1), 1
-        for rs in sets[k:]:
-            stream_fns += [len(schedule), len(schedule) + 1]
-            schedule += [(f1, rs), (f2, rs)]
-        doc["refresh"] = R.Refresh.new(applied=True, supported=supports, sets=[rs.to_json() for rs in sets],
-                                       restore=spec.refresh.restore, extra=spec.refresh.describe(cfg.sf)).to_json()
-    else:
-        why = ("--no-refresh" if cfg.refresh is False else f"{spec.title} has no refresh functions here"
-               if spec.refresh is None else f"the tables are read in place from layout {cfg.layout} (files are "
-               "not written)" if served.in_place else f"the {cfg.engine} engine cannot write its tables")
-        doc["refresh"]["reason"] = why
+    refresh, schedule, power_fns, stream_fns = _refresh_schedule(cfg, spec, dataset, served, streams, supports,
+                                                                 refresh_on, rep.message)
+    doc["refresh"] = refresh.to_json()
     doc["notes"] += spec.metrics.notes(queries=len(cfg.queries), total_queries=len(spec.catalog.ids),
-                                       refresh_reason=why)
+                                       refresh_reason=refresh.reason)
     states = States(dataset, schedule, validate=cfg.validate, loaded=spec.refresh.loaded() if refresh_on else None)
     ctx = _Ctx(cfg, rep, clock, streams, states, power_fns, stream_fns, qset, spec, engine, route=route)
     stream_ids = ([0] if "power" in cfg.tests else []) + (list(range(1, streams + 1)) if "throughput" in cfg.tests else [])
@@ -559,6 +540,32 @@ def _not_comparable(ctx: _Ctx, doc: dict) -> None:
         if msg not in doc["validation"]["not_comparable"]:
             doc["validation"]["not_comparable"].append(msg)
             ctx.rep.message(f"warning: {msg}; its answers there are not validated")
+
+
+def _refresh_schedule(cfg: Config, spec, dataset, served, streams: int, supports: bool, refresh_on: bool, log):
+    """(the refresh record, the schedule of (function, update set), the power test's two entries of it,
+    the refresh stream's): the power test applies set 1's pair around its queries, the refresh
+    stream one pair per query stream; or why the functions do not run."""
+    schedule: list[tuple[str, RefreshSet]] = []
+    power_fns, stream_fns = None, []
+    if not refresh_on:
+        why = ("--no-refresh" if cfg.refresh is False else f"{spec.title} has no refresh functions here"
+               if spec.refresh is None else f"the tables are read in place from layout {cfg.layout} (files are "
+               "not written)" if served.in_place else f"the {cfg.engine} engine cannot write its tables")
+        return R.Refresh.new(applied=False, supported=supports, reason=why), schedule, power_fns, stream_fns
+    f1, f2 = spec.refresh.functions
+    nsets = (1 if "power" in cfg.tests else 0) + (streams if "throughput" in cfg.tests else 0)
+    sets = spec.refresh.ensure_sets(dataset, nsets, log=log)
+    k = 0
+    if "power" in cfg.tests:
+        schedule += [(f1, sets[0]), (f2, sets[0])]
+        power_fns, k = (0, 1), 1
+    for rs in sets[k:]:
+        stream_fns += [len(schedule), len(schedule) + 1]
+        schedule += [(f1, rs), (f2, rs)]
+    refresh = R.Refresh.new(applied=True, supported=supports, sets=[rs.to_json() for rs in sets],
+                            restore=spec.refresh.restore, extra=spec.refresh.describe(cfg.sf))
+    return refresh, schedule, power_fns, stream_fns
 
 
 def _same_as(doc: dict, label: str, p, other: str, rep: Reporter) -> None:

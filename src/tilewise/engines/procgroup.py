@@ -25,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,8 +225,13 @@ class ProcessCluster(Runtime):
         """Common first steps of start(): the working directory, the data set record, the memory
         per instance (the spec's memory knob for this machine unless given)."""
         ensure_runnable(plan)
-        if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix=f"tilewise-{self.engine}-", dir=dirs.scratch_base()))
+        if self.root is None:  # the run's own directory: journaled before it exists, so that `tilewise
+            # restore` removes it (sockets, logs, spill) after a kill -9 of tilewise, as it stops the processes
+            root = Path(dirs.scratch_base()) / f"tilewise-{self.engine}-{self.token[:12]}"
+            self.own_journal().record(changes.CreatedDirectory(str(root), f"{self.engine} working directory"),
+                                      "state", "absent", "present", lock=False)
+            root.mkdir(mode=0o700)
+            self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.plan = plan
         self.joined = bool(join)
@@ -255,8 +259,7 @@ class ProcessCluster(Runtime):
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         name = log_name or (role if instance is None else f"{role}-{instance}")
         log = self.root / "logs" / f"{name}.log"
-        if self.journal is None and not self.detach:  # `tilewise restore` stops what a killed run left
-            self.journal, self._own_journal = changes.Session(f"processes started by {self.engine}"), True
+        self.own_journal()
         with open(log, "ab") as fh:
             proc = launch.spawn(argv, b, env=env or self.env(), journal=self.journal,
                                 die_with_parent=not self.detach if die_with_parent is None else die_with_parent,
@@ -267,6 +270,14 @@ class ProcessCluster(Runtime):
         if self.on_change:
             self.on_change(self)
         return m
+
+    def own_journal(self) -> changes.Session | None:
+        """The change session each start (and a run's own directory) is journaled in first, so that
+        `tilewise restore` undoes what a killed run left: the one `up` gives, or, for a run that dies
+        with tilewise, one of its own (committed once stop() has stopped and removed everything)."""
+        if self.journal is None and not self.detach:
+            self.journal, self._own_journal = changes.Session(f"processes started by {self.engine}"), True
+        return self.journal
 
     def _verify_started(self, m: Member) -> None:
         v = verification.verify(m.pid, m.binding)
@@ -382,9 +393,9 @@ class ProcessCluster(Runtime):
         if not rep.ok:
             raise self.error_cls(f"could not stop processes of the cluster: {rep.summary()}",
                                  "kill them by pid (are you the same user?)")
-        if self._own_journal and self.journal is not None:
-            self.journal.commit()  # everything journaled was stopped and checked
-            self.journal = None
         if self._own_root and self.root is not None and not self.keep_logs:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._own_journal and self.journal is not None:
+            self.journal.commit()  # everything journaled was stopped, checked and removed
+            self.journal = None
         return [p["pid"] for p in rep.stopped]

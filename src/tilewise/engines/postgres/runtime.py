@@ -165,9 +165,7 @@ class PostgresServers(ProcessCluster):
         root = base / f"tilewise-postgres-{self.token[:12]}"
         if len(str(root / "instance-9999" / "socket")) > SOCKET_MAX:
             raise UsageError(f"{DIR_VAR}={base} is too long for a Unix socket path", "use a shorter directory")
-        if self.journal is None and not self.detach:
-            self.journal, self._own_journal = changes.Session(f"processes started by {self.engine}"), True
-        if self.journal is not None:
+        if self.own_journal() is not None:
             self.journal.record(changes.CreatedDirectory(str(root), "PostgreSQL data"), "state", "absent",
                                 "present", lock=False)
         try:
@@ -660,8 +658,8 @@ class PostgresServers(ProcessCluster):
         """PostgreSQL's fast shutdown of each live postmaster (SIGINT), waiting for all of them."""
         live = [m for m in members if m.alive()[0]]
         for m in live:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                procs._signal(procs.ProcId(m.pid, m.start), signal.SIGINT, "/proc")
+            procs.send(procs.ProcId(m.pid, m.start), signal.SIGINT)
+            procs.send(procs.ProcId(m.pid, m.start), signal.SIGCONT)  # a stopped postmaster shuts down too
         deadline = time.monotonic() + timeout
         while live and time.monotonic() < deadline:
             live = [m for m in live if m.alive()[0]]

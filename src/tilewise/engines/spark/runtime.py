@@ -148,8 +148,6 @@ class SparkCluster(ProcessCluster):
             raise UsageError(f"{text!r} is not a Spark master address", "use spark://HOST:PORT or HOST:PORT")
         return f"spark://{m.group(1)}:{m.group(2)}"
 
-    join_url = join_address  # the name this had before the engine contract
-
     # -- environment --
     def env(self) -> dict:
         home = spark_home()
