@@ -186,3 +186,26 @@ def test_join_refuses_an_impossible_port_before_anything_starts(state_env):
         "Error: port 99999 of 'spark://127.0.0.1:99999' is out of range; a TCP port is 1..65535"], cp.stderr
     assert time.monotonic() - t0 < 30  # refused at once, not when a worker fails to register
     assert not list(Path(state_env["TILEWISE_CLUSTER_DIR"]).glob("*.json"))
+
+
+def test_status_says_when_the_data_is_gone_or_the_cracker_died(tmp_path):
+    import subprocess
+
+    from tilewise import procs
+
+    f = tmp_path / "lineitem.parquet"
+    f.write_bytes(b"x")
+    data = {"tables": {"lineitem": str(f)}}
+    assert cluster.data_problems(dict(data)) == []
+    f.unlink()  # the data directory deleted under a running deployment
+    [p] = cluster.data_problems(dict(data))
+    assert p.startswith("1 data file(s) are gone") and str(f) in p
+    gone = subprocess.Popen(["sleep", "30"])
+    start = procs.start_time(gone.pid)
+    gone.kill()  # the cracker killed with kill -9
+    gone.wait()
+    died = {"crack": {"state": "running", "pid": gone.pid, "start": start, "log": "/x/crack.log"}}
+    [p] = cluster.data_problems(died)
+    assert died["crack"]["state"] == "dead" and "died before it finished" in p and "/x/crack.log" in p
+    me = {"crack": {"state": "running", "pid": os.getpid(), "start": procs.start_time(os.getpid())}}
+    assert cluster.data_problems(me) == [] and me["crack"]["state"] == "running"

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise import __version__, allocators, changes, dirs, engines, topology
+from tilewise import __version__, allocators, changes, dirs, engines, procs, topology
 from tilewise.binding import ensure_runnable
-from tilewise.data import record_of
+from tilewise.data import record_of, sources_of
 from tilewise.engines.contract import EngineSpec, Runtime, new_token
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
@@ -422,12 +422,32 @@ def status(st: ClusterState) -> dict:
         if not m["healthy"] or m["binding_verified"] is False:
             who = m["role"] if m["instance"] is None else f"{m['role']} {m['instance']}"
             problems.append(f"{who} (pid {m['pid']}): {m['detail'] or 'binding does not match the plan'}")
+    data = dict(st.data)
+    problems += data_problems(data)
+    healthy = healthy and not problems
     doc = {"name": st.name, "engine": st.engine, "state": st.state, "endpoint": st.endpoint, "master_url": None,
            "joined": st.joined, "policy": st.plan.get("policy"), "created": st.created, "healthy": healthy,
-           "problems": problems, "members": members, "data": st.data, "placement": st.placement,
+           "problems": problems, "members": members, "data": data, "placement": st.placement,
            "state_file": str(state_path(st.name))}
     doc.update(cl.status_fields())  # the engine's own: Spark's master_url
     return doc
+
+
+def data_problems(data: dict) -> list[str]:
+    """What is wrong with the data a deployment serves, as its record says: files that are gone (a
+    deleted data directory), and background work (cracking) recorded as running whose process is
+    dead (its record in `data` is then marked so)."""
+    out = []
+    gone = [f for s in sources_of(data).values() for f in s.files if not os.path.exists(f)]
+    if gone:
+        out.append(f"{len(gone)} data file(s) are gone, e.g. {gone[0]}: queries on them fail")
+    ck = data.get("crack")
+    if isinstance(ck, dict) and ck.get("state") in ("starting", "running") and ck.get("pid"):
+        if ck.get("start") is not None and not procs.ProcId(int(ck["pid"]), int(ck["start"])).alive():
+            data["crack"] = dict(ck, state="dead")
+            out.append(f"cracking (pid {ck['pid']}) died before it finished; its tables stay as they were "
+                       f"(log: {ck.get('log') or '-'})")
+    return out
 
 
 def down(st: ClusterState) -> dict:

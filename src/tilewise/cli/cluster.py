@@ -163,10 +163,11 @@ def print_status(doc: dict) -> None:
 
     out = console()
     health = "healthy" if doc["healthy"] else "UNHEALTHY"
-    where = _endpoint_label(doc["engine"])
+    where = (f"{_endpoint_label(doc['engine'])} {doc['endpoint']}" if doc["endpoint"] else
+             "no endpoint recorded (its start did not finish)")
     joined = " (workers joined from this host)" if doc.get("joined") else ""
-    out.print(f"cluster {doc['name']} ({doc['engine']}, policy {doc['policy']}): {health}; {where} {doc['endpoint']}"
-              f"{joined}", markup=False)
+    out.print(f"cluster {doc['name']} ({doc['engine']}, policy {doc['policy']}): {health}; {where}{joined}",
+              markup=False)
     table = Table(show_edge=False, pad_edge=False)
     for col in ("process", "pid", "cpus (P#)", "memory (P#)", "heap/limit", "executors", "binding", "health"):
         table.add_column(col, overflow="fold")
