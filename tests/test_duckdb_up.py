@@ -106,3 +106,25 @@ def test_a_long_tmpdir_does_not_make_the_sockets_too_long():
     long = "/tmp/" + "x" * 120
     assert len(long) > SHORT_TMP and scratch_base(long) == "/tmp"
     assert scratch_base("/var/tmp") == "/var/tmp"
+
+
+def test_up_is_all_or_nothing_until_it_has_said_it_is_up(tmp_path, monkeypatch, state_env):
+    """A Ctrl-C after the servers answer but before `up` has its status to say (here: in what
+    starts beside the deployment) stops everything it started and records nothing."""
+    from tilewise import cluster
+
+    for k, v in state_env.items():
+        monkeypatch.setenv(k, v)
+    started = {}
+
+    def interrupted(st, log):  # the servers are up and recorded; the user presses Ctrl-C now
+        started["token"], started["pids"] = st.token, [m["pid"] for m in st.members]
+        raise KeyboardInterrupt
+
+    cfg = cluster.Config("duckdb", lambda t: plan.plan(t, "wim"), name="aon", background=interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.start(cfg)
+    assert started["pids"] and not [p for p in started["pids"] if psutil.pid_exists(p)
+                                    and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert cluster.load("aon") is None and not wait_gone("TILEWISE_CLUSTER_TOKEN", started["token"], 5)
+    assert not list(Path(state_env["TILEWISE_CLUSTER_DIR"]).glob(".aon.lock"))

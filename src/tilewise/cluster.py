@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tilewise import __version__, allocators, changes, dirs, engines, procs, topology
+from tilewise import __version__, allocators, changes, dirs, engines, procs, signals, topology
 from tilewise.binding import ensure_runnable
 from tilewise.data import record_of, sources_of
 from tilewise.engines.contract import EngineSpec, Runtime, new_token
@@ -315,16 +315,17 @@ def start(cfg: Config, reporter: Reporter | None = None) -> dict:
     t0 = time.monotonic()
     st = up(p, engine=spec.name, name=cfg.name, allocator=cfg.allocator, worker_memory_mb=memory, join=join,
             host=cfg.host, dataset=dataset, log=log, coordinator_mb=coord_mb)
-    if cfg.background is not None:
-        try:
-            cfg.background(st, log)
-        except BaseException:
-            down(st)  # nothing half-started stays: the deployment goes with what failed beside it
-            raise
-        st = load(cfg.name) or st
-    doc = status(st)
-    doc["startup_s"] = round(time.monotonic() - t0, 2)
-    doc["connect"] = st.cluster().connect_hints(st)
+    try:  # all or nothing: until the caller has its status to say, a Ctrl-C or a failure stops it all
+        if cfg.background is not None:
+            cfg.background(st, log)  # what fails beside the deployment takes it down too
+            st = load(cfg.name) or st
+        doc = status(st)
+        doc["startup_s"] = round(time.monotonic() - t0, 2)
+        doc["connect"] = st.cluster().connect_hints(st)
+    except BaseException:
+        with signals.deferred():  # a second Ctrl-C cannot abort the clean-up half way
+            down(st)
+        raise
     return doc
 
 

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from tilewise import allocators, benchmarks, cpulist, engines, verification
+from tilewise import allocators, benchmarks, cpulist, engines, signals, verification
 from tilewise.cli.common import INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
 from tilewise.cli.engines import EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, memory_help
 from tilewise.cli.plan import make_plan, plan_options
@@ -148,14 +148,16 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
                          dataset if sf is not None or raw.get("data") else None, join,
                          background if raw.get("crack") else None)
     doc = cluster.start(cfg, None if as_json else Messages(prefix="tilewise: "))
-    if as_json:
-        emit_json(doc)
-        return
-    print_status(doc)
-    out = console()
-    out.print(f"started in {doc['startup_s']:.1f} s; it keeps running until `tilewise down --name {name}`", markup=False)
-    for line in doc["connect"]:
-        out.print(line, markup=False)
+    with signals.deferred():  # it is up: what says so is said whole (a Ctrl-C now comes after it)
+        if as_json:
+            emit_json(doc)
+            return
+        print_status(doc)
+        out = console()
+        out.print(f"started in {doc['startup_s']:.1f} s; it keeps running until `tilewise down --name {name}`",
+                  markup=False)
+        for line in doc["connect"]:
+            out.print(line, markup=False)
 
 
 def print_status(doc: dict) -> None:
