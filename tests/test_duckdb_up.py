@@ -128,3 +128,32 @@ def test_up_is_all_or_nothing_until_it_has_said_it_is_up(tmp_path, monkeypatch, 
                                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert cluster.load("aon") is None and not wait_gone("TILEWISE_CLUSTER_TOKEN", started["token"], 5)
     assert not list(Path(state_env["TILEWISE_CLUSTER_DIR"]).glob(".aon.lock"))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (two instances)")
+def test_a_stopped_server_is_skipped_bounded_and_stopped(state_env):
+    """SIGSTOP on one server: status calls it stopped, a query without --instance runs on the
+    other, --timeout bounds a query sent to it, and down stops it within its grace period."""
+    import time
+
+    cp = run_cli("up", "--engine", "duckdb", "--policy", "wic", "--name", "stp", "--json", env=state_env, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    workers = sorted((m for m in json.loads(cp.stdout)["members"] if m["role"] == "worker"),
+                     key=lambda m: m["instance"])
+    try:
+        os.kill(workers[0]["pid"], signal.SIGSTOP)
+        st = run_cli("status", "--name", "stp", "--json", env=state_env, timeout=60)
+        doc = json.loads(st.stdout)
+        assert st.returncode == 3 and not doc["healthy"] and "stopped (SIGSTOP)" in " ".join(doc["problems"])
+        q = run_cli("query", "--name", "stp", "--json", "SELECT 42 AS x", env=state_env, timeout=60)
+        assert q.returncode == 0 and json.loads(q.stdout)["instance"] == workers[1]["instance"], q.stderr
+        t0 = time.monotonic()
+        q = run_cli("query", "--name", "stp", "--instance", str(workers[0]["instance"]), "--timeout", "2",
+                    "SELECT 42", env=state_env, timeout=60)
+        assert q.returncode == 1 and "within 2 s" in q.stderr and time.monotonic() - t0 < 15, q.stderr
+    finally:
+        t0 = time.monotonic()
+        dn = run_cli("down", "--name", "stp", "--json", env=state_env, timeout=120)
+    assert dn.returncode == 0 and time.monotonic() - t0 < 20, dn.stderr
+    assert not [w for w in workers if psutil.pid_exists(w["pid"])
+                and psutil.Process(w["pid"]).status() != psutil.STATUS_ZOMBIE]

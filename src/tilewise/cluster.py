@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -458,11 +459,42 @@ def down(st: ClusterState) -> dict:
     return {"name": st.name, "engine": st.engine, "stopped_pids": sorted(set(stopped)), "left": []}
 
 
+QUERY_GRACE_S = 2.0  # beyond --timeout, for the engine's own cancellation to come back
+
+
 def query(st: ClusterState, sql: str, *, instance: int | None = None, timeout_s: float | None = None):
-    """Run one SQL statement on a running cluster: (columns, rows, elapsed_s, instance)."""
+    """Run one SQL statement on a running cluster: (columns, rows, elapsed_s, instance). A replica
+    engine runs it on a healthy instance unless one is named (a stopped or dead one is skipped);
+    timeout_s bounds the whole call, whatever the engine does with it."""
     cl = st.cluster()
-    try:
-        r = cl.run_query(sql, instance=instance, timeout_s=timeout_s)
-    finally:
-        cl.close()
+    if instance is None and engines.get(st.engine).capabilities.replicas:
+        up = sorted(m["instance"] for m in cl.statuses() if m["role"] == "worker" and m["healthy"])
+        if not up:
+            raise TilewiseError(f"no instance of cluster {st.name!r} is healthy", f"see tilewise status --name {st.name}")
+        instance = up[0]
+    if timeout_s is None:
+        try:
+            r = cl.run_query(sql, instance=instance)
+        finally:
+            cl.close()
+        return r.columns, r.rows, r.elapsed_s, r.instance
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["result"] = cl.run_query(sql, instance=instance, timeout_s=timeout_s)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            done["error"] = e
+
+    worker = threading.Thread(target=run, name="tilewise-query", daemon=True)
+    worker.start()
+    worker.join(timeout_s + QUERY_GRACE_S)
+    if worker.is_alive():  # the engine did not come back (a stopped server): the call ends anyway
+        raise TilewiseError(f"the query did not finish within {timeout_s:g} s (--timeout): "
+                            f"{'instance ' + str(instance) if instance is not None else 'the cluster'} did not answer",
+                            f"see tilewise status --name {st.name}")
+    cl.close()
+    if "error" in done:
+        raise done["error"]
+    r = done["result"]
     return r.columns, r.rows, r.elapsed_s, r.instance

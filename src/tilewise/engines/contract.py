@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from tilewise import cpulist, sqlrewrite, verification
+from tilewise import cpulist, procs, sqlrewrite, verification
 from tilewise.binding import Binding
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.splits import SplitRule
@@ -240,7 +240,9 @@ def process_status(role: str, instance: int | None, pid: int, binding: Binding, 
     """One process's entry of Runtime.statuses(): its binding read back from /proc (verification),
     and its health; alive: (alive, why not); last_lines: the end of its log, for a dead one."""
     ok, why = alive
-    d = {"role": role, "instance": instance, "pid": pid, "alive": ok, "healthy": ok, "detail": why,
+    stopped = ok and (st := procs.stat(pid)) is not None and st.state in ("T", "t")
+    d = {"role": role, "instance": instance, "pid": pid, "alive": ok, "healthy": ok and not stopped,
+         "detail": "stopped (SIGSTOP): it answers nothing until it is continued (kill -CONT)" if stopped else why,
          "cpus": cpulist.format(binding.cpus) if binding.cpus is not None else "any",
          "mem_policy": binding.mem_policy, "mem_nodes": list(binding.mem_nodes),
          "cores": cores, "memory_mb": memory_mb, "log": log,
@@ -251,7 +253,7 @@ def process_status(role: str, instance: int | None, pid: int, binding: Binding, 
     v = verification.verify(pid, binding, allocator_wait_s=0.0)
     d["verification"] = v.to_json()
     d["binding_verified"] = v.verdict  # True verified, False mismatch, None not checkable
-    if not v.verified:
+    if not v.verified and not stopped:
         d["detail"] = v.summary()
     return d
 

@@ -583,6 +583,8 @@ class PostgresServers(ProcessCluster):
         if tree["mismatch"]:
             d["binding_verified"] = False
             self._unhealthy(d, "binding not applied: " + "; ".join(tree["mismatch"][:3]))
+        if not d["healthy"]:  # a stopped postmaster would keep the probe below waiting for its timeout
+            return d
         try:
             with contextlib.closing(self._connect(m, timeout_s=10)) as conn:
                 conn.execute("SELECT 1")
