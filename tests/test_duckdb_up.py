@@ -157,3 +157,21 @@ def test_a_stopped_server_is_skipped_bounded_and_stopped(state_env):
     assert dn.returncode == 0 and time.monotonic() - t0 < 20, dn.stderr
     assert not [w for w in workers if psutil.pid_exists(w["pid"])
                 and psutil.Process(w["pid"]).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_deployment_whose_state_file_is_gone_is_found_by_its_processes(state_env):
+    cp = run_cli("up", "--engine", "duckdb", "--policy", "wim", "--name", "lost", "--json", env=state_env, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    pids = [m["pid"] for m in json.loads(cp.stdout)["members"]]
+    (Path(state_env["TILEWISE_CLUSTER_DIR"]) / "lost.json").unlink()  # the state file deleted
+    again = run_cli("up", "--engine", "duckdb", "--policy", "wim", "--name", "lost", env=state_env, timeout=120)
+    assert again.returncode == 2 and "has lost its state file" in again.stderr and str(pids[0]) in again.stderr
+    st = run_cli("status", "--name", "lost", env=state_env, timeout=60)
+    assert st.returncode == 1 and "no state file" in st.stderr and "tilewise down --name lost" in st.stderr
+    assert all(psutil.pid_exists(p) for p in pids)  # nothing of it was touched by the refusals
+    dn = run_cli("down", "--name", "lost", "--json", env=state_env, timeout=60)
+    assert dn.returncode == 0 and set(pids) <= set(json.loads(dn.stdout)["stopped_pids"]), dn.stderr
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not (Path(state_env["TILEWISE_CLUSTER_DIR"]) / "lost").exists()
+    gone = run_cli("down", "--name", "lost", env=state_env, timeout=60)
+    assert gone.returncode == 2 and "no cluster named 'lost'" in gone.stderr

@@ -30,7 +30,7 @@ from pathlib import Path
 from tilewise import __version__, allocators, changes, dirs, engines, procs, signals, topology
 from tilewise.binding import ensure_runnable
 from tilewise.data import record_of, sources_of
-from tilewise.engines.contract import EngineSpec, Runtime, new_token
+from tilewise.engines.contract import CLUSTER_VAR, EngineSpec, Runtime, new_token
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json
 from tilewise.plan import Plan
@@ -235,6 +235,27 @@ def is_alive(st: ClusterState) -> bool:
     return st.cluster().alive()
 
 
+def unrecorded(name: str) -> list[int]:
+    """Pids of processes started by `up --name name` that still run while no state file records
+    them (it was deleted): every one carries the deployment's directory in CLUSTER_VAR."""
+    root = str(state_dir() / check_name(name))
+    return sorted(procs.carrying(CLUSTER_VAR, [root], procs.scan())[root])
+
+
+def down_unrecorded(name: str) -> dict:
+    """`down` of a deployment whose state file is gone: stop what carries its name, remove its directory."""
+    root = state_dir() / check_name(name)
+    with locked(name):
+        rep = procs.stop([procs.Tree(None, str(root), CLUSTER_VAR)])
+        if not rep.ok:
+            raise TilewiseError(f"could not stop processes of cluster {name!r}: {rep.summary()}",
+                                "kill them by pid (are you the same user?)")
+        if root.is_dir():
+            shutil.rmtree(root, ignore_errors=True)
+    return {"name": name, "engine": None, "stopped_pids": sorted(p["pid"] for p in rep.stopped), "left": [],
+            "state_file": "missing: found by the processes' own record of their cluster"}
+
+
 def check_address(address: str) -> tuple[str, int]:
     """(host, port) of HOST:PORT (or scheme://HOST:PORT), the port in 1..65535: checked before
     anything starts (a worker told an impossible port would fail only when it registers)."""
@@ -368,6 +389,10 @@ def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: 
     h = host or (detect_host(join) if join else "127.0.0.1")
     with locked(name):
         old = load(name)
+        if old is None and (left := unrecorded(name)):
+            raise UsageError(f"cluster {name!r} has lost its state file, but {len(left)} of its processes still run "
+                             f"(pids {', '.join(map(str, left[:8]))}): starting a second set beside them is refused",
+                             f"stop them with `tilewise down --name {name}`")
         if old is not None:
             if is_alive(old):
                 raise UsageError(f"cluster {name!r} is already running ({old.engine}, {old.endpoint})",

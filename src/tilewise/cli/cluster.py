@@ -209,6 +209,11 @@ def _load(name: str):
 
     st = cluster.load(cluster.check_name(name))
     if st is None:
+        left = cluster.unrecorded(name)
+        if left:
+            raise TilewiseError(f"cluster {name!r} has no state file in {cluster.state_dir()}, but {len(left)} of its "
+                                f"processes still run (pids {', '.join(map(str, left[:8]))})",
+                                f"stop them with `tilewise down --name {name}`")
         others = cluster.names()
         hint = f"running: {', '.join(others)} (use --name)" if others else "start one with `tilewise up --engine E --policy P`"
         raise UsageError(f"no cluster named {name!r} is recorded in {cluster.state_dir()}", hint)
@@ -242,8 +247,10 @@ def down_cmd(name, as_json):
     is left running. Removes its state and logs. On a host that joined workers, stops only those."""
     from tilewise import cluster
 
-    st = _load(name)
-    doc = cluster.down(st)
+    if cluster.load(cluster.check_name(name)) is None and cluster.unrecorded(name):
+        doc = cluster.down_unrecorded(name)  # its state file is gone: its processes say they are its
+    else:
+        doc = cluster.down(_load(name))
     if as_json:
         emit_json(doc)
         return

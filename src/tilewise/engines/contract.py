@@ -279,6 +279,9 @@ def instance_statuses(plan: Plan, docs: dict[int, dict], extra) -> list[Instance
 # every process of a deployment carries its token in this environment variable (what it forks
 # inherits it): stopping a deployment reaches every carrier, even when its record is incomplete
 TOKEN_VAR = "TILEWISE_CLUSTER_TOKEN"
+# and, started by `tilewise up`, its directory (<cluster state dir>/<name>): a deployment whose state
+# file was lost is still found by its name
+CLUSTER_VAR = "TILEWISE_CLUSTER"
 
 
 def new_token() -> str:

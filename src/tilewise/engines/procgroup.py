@@ -33,7 +33,8 @@ from typing import ClassVar
 from tilewise import changes, dirs, launch, procs, verification
 from tilewise.binding import Binding, ensure_runnable
 from tilewise.data import record_of
-from tilewise.engines.contract import TOKEN_VAR, InstanceStatus, Runtime, instance_statuses, process_status
+from tilewise.engines.contract import (CLUSTER_VAR, TOKEN_VAR, InstanceStatus, Runtime, instance_statuses,
+                                      process_status)
 from tilewise.engines.memory import live_node_memory
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Plan
@@ -250,6 +251,8 @@ class ProcessCluster(Runtime):
     def env(self) -> dict:
         env = dict(os.environ)
         env[TOKEN_VAR] = self.token
+        if self.detach and self.root is not None:
+            env[CLUSTER_VAR] = str(self.root)
         return env
 
     def _spawn(self, role: str, instance: int | None, argv: list[str], b: Binding, *, cores=0, memory_mb=0,

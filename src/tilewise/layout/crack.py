@@ -40,7 +40,7 @@ from tilewise.data import sources_of
 from tilewise.data.sources import TableSource
 from tilewise.elastic import budget as B
 from tilewise.elastic import modes
-from tilewise.engines.contract import TOKEN_VAR
+from tilewise.engines.contract import CLUSTER_VAR, TOKEN_VAR
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.layout import candidates
 
@@ -90,7 +90,7 @@ def start(st: cluster.ClusterState, layout: str, *, layout_dir: str | None = Non
     argv = [sys.executable, "-m", "tilewise.layout.crack", "--name", st.name]
     if pause_s:
         argv += ["--pause", str(pause_s)]
-    env = dict(os.environ, **{TOKEN_VAR: st.token})
+    env = dict(os.environ, **{TOKEN_VAR: st.token, CLUSTER_VAR: st.root})
     with open(logf, "ab") as fh:
         proc = launch.spawn(argv, Binding(None), env=env, die_with_parent=False, stdin=subprocess.DEVNULL,
                             stdout=fh, stderr=subprocess.STDOUT)
