@@ -244,8 +244,9 @@ def test_a_second_sigterm_during_restore_does_not_abort_it(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
-    # all four restored, then the first held signal acted (pending signals arrive lowest number first)
-    assert "restored 4 then SIGTERM" in out or "restored 4 then SIGHUP" in out, out
+    # all four restored; the signals that came while it was already stopping for the first one are
+    # not raised again afterwards (they would cut short whatever clean-up comes after the restore)
+    assert "restored 4\n" in out and " then " not in out, out
     assert all(f.get("value") == "a" for f in fs)
     assert p.returncode in (130, -signal.SIGTERM, 128 + signal.SIGTERM)
     assert not journals()

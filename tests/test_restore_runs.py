@@ -6,22 +6,33 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import run_cli
 
 
-def test_restore_after_kill_9_of_a_benchmark_removes_its_working_directory(tmp_path, tpch_sf001):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+@pytest.fixture
+def short_tmp():
+    """A TMPDIR short enough for the run's sockets (a long one makes runs use /tmp instead)."""
+    d = Path(tempfile.mkdtemp(prefix="tw-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_restore_after_kill_9_of_a_benchmark_removes_its_working_directory(tmp_path, tpch_sf001, short_tmp):
+    tmp = short_tmp
     env = {**os.environ, "TMPDIR": str(tmp), "TILEWISE_STATE_DIR": str(tmp_path / "state")}
     bench = subprocess.Popen(
         [sys.executable, "-m", "tilewise", "bench", "tpch", "--sf", "0.01", "--data-dir", str(tpch_sf001),
-         "--policies", "wim", "--queries", "1", "--runs", "500", "--no-warmup", "--tests", "power", "--no-refresh",
+         "--policies", "wim", "--runs", "500", "--no-warmup", "--tests", "power", "--no-refresh",
          "--no-plots", "--out", str(tmp_path / "out")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -43,3 +54,43 @@ def test_restore_after_kill_9_of_a_benchmark_removes_its_working_directory(tmp_p
     again = run_cli("restore", env=env, timeout=60)
     assert again.returncode == 0 and "nothing to restore" in again.stdout
     assert not Path(tmp_path / "state" / "journals").exists() or not list((tmp_path / "state" / "journals").iterdir())
+
+
+def _bench(tmp_path, data_dir, engine: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tilewise", "bench", "tpch", "--engine", engine, "--sf", "0.01", "--data-dir",
+         str(data_dir), "--policies", "wim", "--runs", "500", "--no-warmup", "--tests", "power",
+         "--no-refresh", "--no-plots", "--out", str(tmp_path / "out")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgres"])
+def test_a_burst_of_ctrl_c_during_clean_up_leaves_nothing(tmp_path, tpch_sf001, engine, short_tmp):
+    """SIGINT every 0.1 s from the first one on, through the whole clean-up: the run still stops and
+    removes everything it made (processes, working and data directories, its journal)."""
+    from tilewise import engines
+
+    why = engines.get(engine).missing()
+    if why:
+        pytest.skip(why)
+    tmp = short_tmp
+    state = tmp_path / "state"
+    env = {**os.environ, "TMPDIR": str(tmp), "TILEWISE_STATE_DIR": str(state), "TILEWISE_POSTGRES_DIR": str(tmp)}
+    bench = _bench(tmp_path, tpch_sf001, engine, env)
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "out" / "results.json").exists() or not json.loads(
+            (tmp_path / "out" / "results.json").read_text())["policies"].get("wim", {}).get("instances"):
+        assert bench.poll() is None, bench.stderr.read()[-2000:]
+        assert time.monotonic() < deadline, "the servers did not start"
+        time.sleep(0.2)
+    made = sorted(p.name for p in tmp.iterdir())
+    assert made  # its working directory (and PostgreSQL's data directory) exist now
+    end = time.monotonic() + 4
+    while bench.poll() is None and time.monotonic() < end:
+        bench.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+    _, err = bench.communicate(timeout=120)
+    assert bench.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert not list(tmp.iterdir()), (made, list(tmp.iterdir()))
+    assert not (state / "journals").exists() or not list((state / "journals").iterdir())

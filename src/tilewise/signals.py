@@ -5,6 +5,8 @@
   (stop what was started, undo what was changed) runs.
 - While something is being undone (``deferred()``), they are held and raised when the block
   ends: a second SIGTERM during a restore cannot abort it half way.
+- Once one has been raised, the command is stopping: the ones after it (a burst of Ctrl-C) are
+  ignored, so they cannot cut short the clean-up it runs on its way out (SIGKILL still ends it).
 - While `tilewise exec` supervises a command (``forwarding(fn)``), they are handed to ``fn``,
   which forwards them to the command's process group.
 
@@ -39,6 +41,7 @@ def name(signum: int) -> str:
 
 
 _depth = 0  # > 0 while a deferred() block runs (in any thread)
+_stopping = False  # a stop signal was raised: the command is on its way out
 _pending: list[int] = []
 _forward: Callable[[int], None] | None = None
 _lock = threading.Lock()
@@ -51,18 +54,23 @@ def _raise(signum: int) -> None:
 
 
 def handler(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    global _stopping
     if _depth:
         _pending.append(signum)
         return
     if _forward is not None:
         _forward(signum)
         return
+    if _stopping:
+        return  # already stopping: it runs its clean-up to the end
+    _stopping = True
     _raise(signum)
 
 
 def install() -> None:
     """Make SIGINT/SIGTERM/SIGHUP raise (the CLI does this at start; main thread only)."""
-    global _previous_unraisable
+    global _previous_unraisable, _stopping
+    _stopping = False
     for s in HANDLED:
         signal.signal(s, handler)
     if sys.unraisablehook is not _unraisable:
@@ -104,7 +112,7 @@ def deferred() -> Iterator[None]:
     Where the handlers are not ours (a library caller) and this is the main thread, ours are put
     in place for the block, and a held signal is then re-raised with the caller's disposition.
     """
-    global _depth
+    global _depth, _stopping
     previous = {}
     if _main_thread():
         for s in HANDLED:
@@ -130,7 +138,8 @@ def deferred() -> Iterator[None]:
             elif _forward is not None:
                 for s in held:
                     _forward(s)
-            else:
+            elif not _stopping:  # held during a clean-up the command was not already stopping for
+                _stopping = True
                 _raise(first)
 
 

@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="tilewise", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort:  # click's form of a KeyboardInterrupt
+        signals.ignore()  # a burst of Ctrl-C: the next one must not kill us while we say so
         click.echo("Error: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:

@@ -22,6 +22,7 @@ runtime, and whatever processes the runtime starts. docs/adding-an-engine.md wal
 from __future__ import annotations
 
 import abc
+import functools
 import importlib
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from tilewise import cpulist, procs, sqlrewrite, verification
+from tilewise import cpulist, procs, signals, sqlrewrite, verification
 from tilewise.binding import Binding
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.splits import SplitRule
@@ -294,6 +295,20 @@ class Runtime(abc.ABC):
     the state file (restore) to query, inspect and stop it."""
 
     spec: ClassVar[EngineSpec]  # the engine this runtime belongs to (its capabilities say what works)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Every engine's stop() runs with SIGINT/SIGTERM/SIGHUP held (signals.deferred): a burst of
+        Ctrl-C during a clean-up cannot abort it half way (its data directories, working directory
+        and journal stay otherwise); the held signal acts once the clean-up is done."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("stop")
+        if own is not None and not getattr(own, "_holds_signals", False):
+            @functools.wraps(own)
+            def stop(self, *args, **kw):
+                with signals.deferred():
+                    return own(self, *args, **kw)
+            stop._holds_signals = True
+            cls.stop = stop
 
     def __init__(self, root: Path | None = None, token: str | None = None, *, host: str = "127.0.0.1",
                  detach: bool = False) -> None:
