@@ -8,6 +8,7 @@ command's status instead (128+n when the command died of signal n; 127 not found
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -90,6 +91,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(1)
+    except OSError as e:
+        if e.errno not in FULL:
+            raise
+        # a full (or read-only) file system on any write path: data, layouts, references, results,
+        # state, journals, locks. What was being written is left half-made nowhere (atomic writes:
+        # a temporary file renamed into place) and what was started is stopped on the way here
+        where = f" {e.filename}" if e.filename else ""
+        click.echo(f"Error: cannot write{where}: {e.strerror or e}; free space there, or point tilewise elsewhere "
+                   "(--out, --data-dir, TMPDIR, TILEWISE_STATE_DIR, TILEWISE_CLUSTER_DIR)", err=True)
+        sys.exit(1)
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # OSErrors that say where cannot be written, as one line
 
 
 def _sub(argv: list[str] | None) -> str:
