@@ -223,6 +223,7 @@ def test_up_status_query_down(data_root, tag):
         psycopg.connect(host="127.0.0.1", port=w["port"], user="tilewise", dbname="tilewise", password="wrong")
     down = run_cli("down", "--name", "pg", "--json", env=env, timeout=120)
     assert down.returncode == 0, down.stderr
+    assert w["pid"] in json.loads(down.stdout)["stopped_pids"]  # shut down when asked: still reported stopped
     assert_nothing_left(value, snap, before)
     assert not Path(w["socket_dir"]).exists()
 

@@ -23,6 +23,7 @@ from conftest import run_cli
 def short_tmp():
     """A TMPDIR short enough for the run's sockets (a long one makes runs use /tmp instead)."""
     d = Path(tempfile.mkdtemp(prefix="tw-", dir="/tmp"))
+    d.chmod(0o711)  # the user PostgreSQL runs as (root runs it as `tilewise`) enters it
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

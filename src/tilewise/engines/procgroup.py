@@ -228,7 +228,7 @@ class ProcessCluster(Runtime):
         ensure_runnable(plan)
         if self.root is None:  # the run's own directory: journaled before it exists, so that `tilewise
             # restore` removes it (sockets, logs, spill) after a kill -9 of tilewise, as it stops the processes
-            root = Path(dirs.scratch_base()) / f"tilewise-{self.engine}-{self.token[:12]}"
+            root = Path(dirs.scratch_base()) / f"tilewise-{self.engine}-work-{self.token[:12]}"
             self.own_journal().record(changes.CreatedDirectory(str(root), f"{self.engine} working directory"),
                                       "state", "absent", "present", lock=False)
             root.mkdir(mode=0o700)

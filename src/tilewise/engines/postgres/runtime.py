@@ -656,9 +656,11 @@ class PostgresServers(ProcessCluster):
         return lines
 
     # ---- stopping ----------------------------------------------------------------------------------
-    def _shutdown(self, members: list[Member], timeout: float) -> None:
-        """PostgreSQL's fast shutdown of each live postmaster (SIGINT), waiting for all of them."""
+    def _shutdown(self, members: list[Member], timeout: float) -> list[int]:
+        """PostgreSQL's fast shutdown of each live postmaster (SIGINT), waiting for all of them; the
+        pids of those it asked to shut down."""
         live = [m for m in members if m.alive()[0]]
+        asked = [m.pid for m in live]
         for m in live:
             procs.send(procs.ProcId(m.pid, m.start), signal.SIGINT)
             procs.send(procs.ProcId(m.pid, m.start), signal.SIGCONT)  # a stopped postmaster shuts down too
@@ -667,6 +669,7 @@ class PostgresServers(ProcessCluster):
             live = [m for m in live if m.alive()[0]]
             if live:
                 time.sleep(0.05)
+        return asked
 
     def stop(self, timeout: float = 10.0) -> list[int]:
         """Fast shutdown of every server, the process edge's sweep of anything left, IPC a killed
@@ -675,8 +678,7 @@ class PostgresServers(ProcessCluster):
         self._stopped = True
         self.close()
         servers = [m for m in self.members if m.role in ("worker", "loader")]
-        if first:
-            self._shutdown(servers, SHUTDOWN_TIMEOUT_S)
+        shut = self._shutdown(servers, SHUTDOWN_TIMEOUT_S) if first else []
         own, self._own_journal = self._own_journal, False
         try:
             pids = super().stop(timeout)
@@ -689,7 +691,7 @@ class PostgresServers(ProcessCluster):
         if own and self.journal is not None:
             self.journal.commit()
             self.journal = None
-        return pids
+        return sorted(set(shut) | set(pids))  # the servers that shut down when asked, and what the sweep stopped
 
     def _clean_up(self, servers: list[Member]) -> list[str]:
         problems = []
