@@ -432,7 +432,7 @@ class ReplicaServers(ProcessCluster):
     def member_status(self, m: Member) -> dict:
         d = super().member_status(m)
         d["socket"] = m.extra.get("socket")
-        if d["alive"]:
+        if d["healthy"]:  # a stopped server would keep this probe waiting for its whole timeout
             try:
                 with Client(m.extra["socket"], m.instance, self.title) as c:
                     info = c.info(timeout_s=10)
