@@ -1,26 +1,194 @@
-//! tilewise-tiles: one binary, two roles.
-//!   tilewise-tiles worker --listen 127.0.0.1:PORT
-//! serves a datafusion-distributed worker (Arrow Flight over gRPC).
-use datafusion_distributed::Worker;
+//! tilewise-tiles: the tiles engine's native side (issue 30), on datafusion-distributed 4.x.
+//!
+//!   tilewise-tiles worker --listen HOST:PORT
+//!       a datafusion-distributed worker (its gRPC/Flight service); tilewise starts one per tile,
+//!       bound to the tile's CPUs and memory.
+//!   tilewise-tiles serve --listen HOST:PORT --workers URL[,URL...] --table NAME=PATH ...
+//!       the coordinator: an Arrow Flight SQL endpoint; every statement is planned by the
+//!       distributed planner over the workers.
+//!   tilewise-tiles query --workers URL[,URL...] --table NAME=PATH [--table ...] (--sql TEXT | --sql-file F)
+//!       plans SQL with the distributed planner over the workers and prints the answer as CSV on
+//!       stdout (header line first); the planning and execution time on stderr as one JSON line.
+//!
+//! Work in progress on the `tiles` branch: the Flight SQL endpoint, the shm/unix exchange and the
+//! file-affinity routing come next (docs/tiles.md).
+mod flight;
+
+use arrow::csv::WriterBuilder;
+use arrow_flight::flight_service_server::FlightServiceServer;
+use async_trait::async_trait;
+use datafusion::common::DataFusionError;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, Worker, WorkerResolver};
+use futures::TryStreamExt;
 use std::error::Error;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
 use tonic::transport::Server;
+use url::Url;
+
+#[derive(Clone)]
+struct Workers(Vec<Url>);
+
+#[async_trait]
+impl WorkerResolver for Workers {
+    fn get_urls(&self) -> Result<Vec<Url>, DataFusionError> {
+        Ok(self.0.clone())
+    }
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: tilewise-tiles worker --listen HOST:PORT\n       \
+         tilewise-tiles serve --listen HOST:PORT --workers URL[,URL...] --table NAME=PATH ...\n       \
+         tilewise-tiles query --workers URL[,URL...] --table NAME=PATH ... (--sql TEXT | --sql-file FILE)"
+    );
+    std::process::exit(2)
+}
+
+async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
+    let mut listen = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--listen" => listen = it.next().cloned(),
+            _ => usage(),
+        }
+    }
+    let addr: SocketAddr = listen.unwrap_or_else(|| usage()).parse()?;
+    eprintln!("tilewise-tiles worker listening on {addr}");
+    Server::builder()
+        .add_service(Worker::default().into_worker_server())
+        .serve_with_shutdown(addr, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+/// What `query` and `serve` share: the workers, the tables, the planner's settings.
+struct Session {
+    workers: Vec<Url>,
+    tables: Vec<(String, String)>,
+    bytes_per_partition: Option<usize>,
+}
+
+impl Session {
+    /// Parse the shared options; returns the rest for the caller.
+    fn parse(args: &[String]) -> Result<(Session, Vec<String>), Box<dyn Error>> {
+        let mut s = Session { workers: Vec::new(), tables: Vec::new(), bytes_per_partition: None };
+        let mut rest = Vec::new();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--workers" => {
+                    for w in it.next().unwrap_or_else(|| usage()).split(',') {
+                        s.workers.push(Url::parse(w)?);
+                    }
+                }
+                "--table" => {
+                    let spec = it.next().unwrap_or_else(|| usage());
+                    let (name, path) = spec.split_once('=').unwrap_or_else(|| usage());
+                    s.tables.push((name.to_string(), path.to_string()));
+                }
+                // the planner distributes a scan once it has this many bytes per task (small: always)
+                "--bytes-per-partition" => {
+                    s.bytes_per_partition = Some(it.next().unwrap_or_else(|| usage()).parse()?)
+                }
+                _ => rest.push(a.clone()),
+            }
+        }
+        if s.workers.is_empty() {
+            usage()
+        }
+        Ok((s, rest))
+    }
+
+    async fn context(&self) -> Result<SessionContext, Box<dyn Error>> {
+        let mut builder = SessionStateBuilder::new()
+            .with_default_features()
+            .with_distributed_worker_resolver(Workers(self.workers.clone()))
+            .with_distributed_planner();
+        if let Some(b) = self.bytes_per_partition {
+            builder = builder.with_distributed_file_scan_config_bytes_per_partition(b)?;
+        }
+        let ctx = SessionContext::from(builder.build());
+        for (name, path) in &self.tables {
+            ctx.register_parquet(name, path, ParquetReadOptions::default()).await?;
+        }
+        Ok(ctx)
+    }
+}
+
+async fn query(args: &[String]) -> Result<(), Box<dyn Error>> {
+    let (session, rest) = Session::parse(args)?;
+    let (mut sql, mut explain) = (None, false);
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--sql" => sql = it.next().cloned(),
+            "--sql-file" => sql = Some(std::fs::read_to_string(it.next().unwrap_or_else(|| usage()))?),
+            "--explain" => explain = true,
+            _ => usage(),
+        }
+    }
+    let sql = sql.unwrap_or_else(|| usage());
+    let ctx = session.context().await?;
+    let t0 = Instant::now();
+    let df = ctx.sql(&sql).await?;
+    let plan = df.create_physical_plan().await?;
+    let planned = t0.elapsed();
+    if explain {
+        eprintln!("{}", datafusion_distributed::display_plan_ascii(plan.as_ref(), false));
+    }
+    let stream = datafusion::physical_plan::execute_stream(plan, ctx.task_ctx())?;
+    let batches: Vec<_> = stream.try_collect().await?;
+    let total = t0.elapsed();
+    let mut out = WriterBuilder::new().with_header(true).build(std::io::stdout());
+    for b in &batches {
+        out.write(b)?;
+    }
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    eprintln!(
+        "{{\"rows\":{rows},\"plan_s\":{:.6},\"total_s\":{:.6}}}",
+        planned.as_secs_f64(),
+        total.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn serve(args: &[String]) -> Result<(), Box<dyn Error>> {
+    let (session, rest) = Session::parse(args)?;
+    let mut listen = None;
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--listen" => listen = it.next().cloned(),
+            _ => usage(),
+        }
+    }
+    let addr: SocketAddr = listen.unwrap_or_else(|| usage()).parse()?;
+    let ctx = Arc::new(session.context().await?);
+    let svc = FlightServiceServer::new(flight::Coordinator { ctx });
+    eprintln!("tilewise-tiles coordinator (Flight SQL) listening on {addr}");
+    Server::builder()
+        .add_service(svc)
+        .serve_with_shutdown(addr, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("worker") if args.len() == 4 && args[2] == "--listen" => {
-            let addr: SocketAddr = args[3].parse()?;
-            Server::builder()
-                .add_service(Worker::default().into_worker_server())
-                .serve(addr)
-                .await?;
-            Ok(())
-        }
-        _ => {
-            eprintln!("usage: tilewise-tiles worker --listen HOST:PORT");
-            std::process::exit(2)
-        }
+        Some("worker") => worker(&args[2..]).await,
+        Some("query") => query(&args[2..]).await,
+        Some("serve") => serve(&args[2..]).await,
+        _ => usage(),
     }
 }
