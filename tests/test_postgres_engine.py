@@ -144,7 +144,7 @@ def test_failure_names_the_fix():
     what, fix = runtime.failure(DENIED)
     assert "data directory" in what and runtime.DIR_VAR in fix
     assert runtime.failure("LOG:  starting PostgreSQL 15\n") is None
-    assert runtime.failure("FATAL:  something else\n") == ("something else", "see the server's log")
+    assert runtime.failure("FATAL:  something else\n") == ("something else", "")
 
 
 # ---- the load ---------------------------------------------------------------------------------------
