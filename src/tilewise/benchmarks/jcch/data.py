@@ -38,7 +38,7 @@ from tilewise.benchmarks.jcch import check as jcch_check
 from tilewise.benchmarks.jcch import rules as J
 from tilewise.benchmarks.spec import Data, DataCheck, check_seed
 from tilewise.benchmarks.tpch import data as tpch
-from tilewise.data import Dataset, Keys, store
+from tilewise.data import Dataset, store
 from tilewise.errors import UsageError
 
 TITLE = "JCC-H"
