@@ -11,12 +11,15 @@ deviations of the sample it was measured on when that is wider (small SF, per-ye
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 
+from tilewise.benchmarks.jcch import refresh
 from tilewise.benchmarks.jcch import rules as J
 from tilewise.benchmarks.spec import DataCheck
+from tilewise.benchmarks.tpch import refresh as tpch_refresh
 from tilewise.benchmarks.tpch.data import TABLES
-from tilewise.data import table_paths
+from tilewise.data import Dataset, table_paths
 
 REL_TOL = 0.01
 SIGMAS = 4.0
@@ -260,12 +263,6 @@ def _refresh_keys(c: _Checks, d: Path, sf: float) -> None:
     """Refresh set 1 (JCC-H's rule, generated into a scratch folder, the data's own untouched) keeps
     every key: its lines' (part, supplier) pairs are partsupp rows, its orders' customers exist, its
     lines belong to its orders, and its order keys are new."""
-    import tempfile
-
-    from tilewise.benchmarks.jcch import refresh
-    from tilewise.benchmarks.tpch import refresh as tpch_refresh
-    from tilewise.data import Dataset
-
     with tempfile.TemporaryDirectory(prefix="tilewise-jcch-check-") as tmp:
         tpch_refresh.generate(Dataset.at(d, benchmark="jcch", sf=sf), 1, Path(tmp), refresh.REFRESH.rule)
         c.con.execute(f"create temp view rf_orders as select * from read_parquet('{Path(tmp) / 'orders.parquet'}')")
