@@ -109,14 +109,15 @@ def save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
 
 def remove_run_dir(root: str | os.PathLike) -> bool:
     """Remove a run's working directory; on the way out of an error (an Exception being handled or
-    propagating; not an interrupt) its `logs` folder stays where the error names it, and everything
-    else (sockets, spill, data) goes. Returns True when logs were kept."""
+    propagating; not an interrupt) that names a log in it, its `logs` folder stays where the error
+    says, and everything else (sockets, spill, data) goes. Returns True when logs were kept."""
     import shutil
     import sys
 
     root = Path(root)
-    failing = sys.exc_info()[0]
-    if failing is None or not issubclass(failing, Exception) or not (root / "logs").is_dir():
+    failing = sys.exc_info()[1]
+    named = isinstance(failing, Exception) and str(root / "logs") in str(failing)
+    if not named or not (root / "logs").is_dir():
         shutil.rmtree(root, ignore_errors=True)
         return False
     for p in root.iterdir():
