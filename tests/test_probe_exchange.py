@@ -70,12 +70,13 @@ def test_goals_are_verdicts_on_measured_figures():
     cases = [case("memcpy", X.MiB, 20.0), case("shm", X.MiB, 12.0), case("tcp", X.MiB, 3.0),
              case("memcpy", 64 * X.MiB, 10.0), case("shm", 64 * X.MiB, 4.0), case("tcp", 64 * X.MiB, 2.0),
              case("shm", 4096, 1.0), case("tcp", 4096, 1.0)]
-    s = X.summarize(cases, X.TRANSPORTS)
+    s = X.summarize(cases, X.TRANSPORTS, 10.0)  # memcpy of memory, far larger than the caches: 10 GB/s
     goals = {g["goal"].split(" for")[0]: g for g in s["goals"]}
     assert goals["shm >= 3x tcp"]["met"] is False and goals["shm >= 3x tcp"]["worst"] == f"2.00x at {64 * X.MiB} B"
     assert goals["shm >= 0.5 of memcpy"]["met"] is False and "0.40" in goals["shm >= 0.5 of memcpy"]["worst"]
     cases[4]["gbs"], cases[5]["gbs"] = 6.0, 2.0
-    assert all(g["met"] for g in X.summarize(cases, X.TRANSPORTS)["goals"])  # 4 KiB is not judged
+    assert all(g["met"] for g in X.summarize(cases, X.TRANSPORTS, 10.0)["goals"])  # 4 KiB is not judged
+    assert len(X.summarize(cases, X.TRANSPORTS)["goals"]) == 1  # no reference measured: no memcpy verdict
     assert X.summarize(cases, ("unix",))["goals"] == []
 
 
@@ -102,6 +103,7 @@ def test_every_transport_moves_every_byte_and_the_ring_sits_on_the_receivers_nod
     shm = [c for c in doc["cases"] if c["transport"] == "shm" and c["mode"] == "throughput"]
     assert all(c["ring_pages"].get(str(node), 0) == X.MiB // os.sysconf("SC_PAGE_SIZE") for c in shm), shm
     assert {g["goal"].split(" for")[0] for g in doc["goals"]} == {"shm >= 3x tcp", "shm >= 0.5 of memcpy"}
+    assert doc["memcpy_reference"]["size"] >= X.REFERENCE_MIN and doc["memcpy_reference"]["gbs"] > 0
     assert {p.name for p in out.iterdir()} == {"exchange.json", "exchange.csv", "exchange.png"}
     shown = run_cli("report", str(out), env={"COLUMNS": "200"})
     assert shown.returncode == 0 and "shm/tcp" in shown.stdout and "round trip" in shown.stdout

@@ -48,6 +48,7 @@ using namespace tw;
 namespace {
 
 constexpr size_t HEADER = 4096;
+size_t PUBLISH = 64 << 10;  // --publish: the most bytes the sender copies before the receiver may read them
 constexpr uint64_t ACK = 0x61636b2d74776973ull;  // the acknowledgement's 8 bytes
 
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val) {
@@ -103,7 +104,9 @@ void ring_write(Ring& r, const uint8_t* src, size_t n) {
                    r.h->writer_sleeping);
         uint64_t free_bytes = r.cap - (head - r.h->tail.load(std::memory_order_acquire));
         size_t pos = head % r.cap;
-        size_t chunk = std::min<size_t>({n, size_t(free_bytes), r.cap - pos});
+        // published in pieces of at most PUBLISH bytes, so the receiver reads one piece while the
+        // sender copies the next (the two cores work side by side, not one after the other)
+        size_t chunk = std::min<size_t>({n, size_t(free_bytes), r.cap - pos, PUBLISH});
         std::memcpy(r.data + pos, src, chunk);
         r.h->head.store(head + chunk, std::memory_order_release);
         bump(r.h->data_seq, r.h->reader_sleeping);
@@ -293,12 +296,14 @@ int main(int argc, char** argv) {
         else if (f == "--messages") messages = std::atol(val("--messages"));
         else if (f == "--ring") ring = std::atol(val("--ring"));
         else if (f == "--ring-node") node = std::atol(val("--ring-node"));
+        else if (f == "--publish") PUBLISH = size_t(std::atol(val("--publish")));
         else if (f == "--sender-cpus") scpus = parse_cpus(val("--sender-cpus"));
         else if (f == "--receiver-cpus") rcpus = parse_cpus(val("--receiver-cpus"));
         else die("unknown argument " + f);
     }
     if (size < 8 || size % 8) die("--size must be a positive multiple of 8");
     if (channels < 1 || messages < 1 || ring < 4096 || ring % 4096) die("bad --channels, --messages or --ring");
+    if (PUBLISH < 8 || PUBLISH % 8) die("--publish must be a positive multiple of 8");
     if (transport != "shm" && transport != "unix" && transport != "tcp" && transport != "memcpy")
         die("unknown transport " + transport);
     if (mode == "latency") channels = 1;

@@ -17,9 +17,10 @@ the receiver reads every byte once (a checksum it verifies). Transports:
 Per (transport, message size, channel count): throughput (GB/s over C x M messages, from the
 common start to the receiver's acknowledgement of the last) and latency (a message and an 8-byte
 reply, round trip, median and p99), each the median of ``--runs`` runs; next to them memcpy of the
-same size on the receiver's CPU (the one-copy reference). The goals the issue sets (shm at least 3x
-tcp for messages of 1 MiB or more, and at least half of memcpy) are checked and reported, never
-assumed. Pure decisions here (CPUs, message counts, summaries); the process edge runs the tool.
+same size on the receiver's CPU, and once memcpy of a buffer far larger than the L3 (the memory's
+one-thread copy bandwidth, as `probe memory` measures memory: the reference a one-copy transport is
+held to). The goals the issue sets (shm at least 3x tcp for messages of 1 MiB or more, and at least
+half of that memcpy) are checked and reported, never assumed. Pure decisions here (CPUs, message counts, summaries); the process edge runs the tool.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ LATENCY_BYTES = 64 * MiB  # latency: round trips of at most this many bytes in a
 GOAL_TCP = 3.0  # shm at least this many times tcp, for messages of GOAL_SIZE or more
 GOAL_MEMCPY = 0.5  # and at least this share of memcpy
 GOAL_SIZE = MiB
+REFERENCE_MIN = 256 * MiB  # the memcpy reference copies at least this, and 4x the L3: memory, not caches
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,13 @@ def plan_cases(cfg: Config) -> list[tuple[str, str, int, int]]:
     return out
 
 
-def summarize(cases: list[dict], transports: Sequence[str]) -> dict:
-    """Per size (one channel): shm against tcp and against memcpy, and the goals' verdicts."""
+def reference_size(t: Topology) -> int:
+    return max(REFERENCE_MIN, 4 * t.total_l3_bytes)
+
+
+def summarize(cases: list[dict], transports: Sequence[str], reference_gbs: float | None = None) -> dict:
+    """Per size (one channel): shm against tcp and against memcpy of that size, and the goals'
+    verdicts (memcpy's: against reference_gbs, the memory's copy bandwidth, when measured)."""
     by = {(c["transport"], c["mode"], c["size"], c["channels"]): c for c in cases}
     rows, verdicts = [], []
     for size in sorted({c["size"] for c in cases}):
@@ -170,6 +177,7 @@ def summarize(cases: list[dict], transports: Sequence[str]) -> dict:
         row = {"size": size, "shm_gbs": shm and shm["gbs"], "tcp_gbs": tcp and tcp["gbs"], "memcpy_gbs": mem and mem["gbs"]}
         row["shm_over_tcp"] = round(shm["gbs"] / tcp["gbs"], 3) if shm and tcp and tcp["gbs"] else None
         row["shm_over_memcpy"] = round(shm["gbs"] / mem["gbs"], 3) if shm and mem and mem["gbs"] else None
+        row["shm_over_reference"] = round(shm["gbs"] / reference_gbs, 3) if shm and reference_gbs else None
         rows.append(row)
     big = [r for r in rows if r["size"] >= GOAL_SIZE]
     if "shm" in transports and "tcp" in transports and big:
@@ -179,11 +187,12 @@ def summarize(cases: list[dict], transports: Sequence[str]) -> dict:
             verdicts.append({"goal": f"shm >= {GOAL_TCP:g}x tcp for messages of 1 MiB or more", "met": ok,
                              "worst": f"{worst['shm_over_tcp']:.2f}x at {worst['size']} B"})
     if "shm" in transports and big:
-        worst = min((r for r in big if r["shm_over_memcpy"] is not None), key=lambda r: r["shm_over_memcpy"], default=None)
+        worst = min((r for r in big if r["shm_over_reference"] is not None), key=lambda r: r["shm_over_reference"],
+                    default=None)
         if worst is not None:
             verdicts.append({"goal": f"shm >= {GOAL_MEMCPY:g} of memcpy for messages of 1 MiB or more",
-                             "met": worst["shm_over_memcpy"] >= GOAL_MEMCPY,
-                             "worst": f"{worst['shm_over_memcpy']:.2f} at {worst['size']} B"})
+                             "met": worst["shm_over_reference"] >= GOAL_MEMCPY,
+                             "worst": f"{worst['shm_over_reference']:.2f} at {worst['size']} B"})
     return {"by_size": rows, "goals": verdicts}
 
 
@@ -243,6 +252,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, writer: Callable[[dict
         doc["notes"].append("one NUMA node here: the ring's pages are on the receiver's node by construction; "
                             "what placing them on the receiving tile's node saves needs a multi-node machine (not measured)")
     plan = plan_cases(cfg)
+    ref_size = reference_size(t)
     rep.message(f"exchange: sender CPUs {cpulist.format(sender)}, receiver CPUs {cpulist.format(receiver)} ({why}); "
                 f"{len(plan)} cases x {cfg.runs} run(s); shm ring {cfg.ring // KiB} KiB per channel on node {ring_node}")
     write = writer or (lambda d: None)
@@ -254,11 +264,18 @@ def run(cfg: Config, reporter: Reporter | None = None, *, writer: Callable[[dict
             doc["cases"].append(median_case(runs))
             write(doc)
             rep.advance()
+        if "shm" in cfg.transports:
+            runs = [run_tool("memcpy", "throughput", ref_size, 1, ring=cfg.ring, ring_node=ring_node, sender=sender,
+                             receiver=receiver) for _ in range(cfg.runs)]
+            doc["memcpy_reference"] = median_case(runs) | {
+                "why": f"{ref_size // MiB} MiB, far larger than the {t.total_l3_bytes // MiB} MiB of L3: the memory's "
+                       "copy bandwidth for one thread on the receiver's CPU and node"}
+            write(doc)
     except BaseException as e:
         model.stopped(doc, e)
         write(doc)
         raise
-    s = summarize(doc["cases"], cfg.transports)
+    s = summarize(doc["cases"], cfg.transports, (doc.get("memcpy_reference") or {}).get("gbs"))
     doc["summary_by_size"], doc["goals"] = s["by_size"], s["goals"]
     model.finish(doc, complete=True)
     write(doc)

@@ -52,6 +52,7 @@ class ExchangeDoc(document.Document):
     summary_by_size: list[dict] = field(default_factory=list)
     goals: list[Goal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    memcpy_reference: Case | None = None  # memcpy of a buffer far larger than the L3 (the goal's reference)
 
 
 def _transports(doc: ExchangeDoc) -> list[str]:
@@ -88,7 +89,8 @@ def render(doc: ExchangeDoc, out) -> None:
         return
     sizes = sorted({c.size for c in doc.cases})
     chans = sorted({c.channels for c in doc.cases if c.mode == "throughput" and c.transport != "memcpy"})
-    tt = T.table("throughput, GB/s (median of runs)", ("message", "channels", *trs, "memcpy", "shm/tcp", "shm/memcpy"))
+    tt = T.table("throughput, GB/s (median of runs)", ("message", "channels", *trs, "memcpy of it", "shm/tcp",
+                                                          "shm/memcpy of it"))
     for s in sizes:
         mem = _find(doc, "memcpy", "throughput", s)
         for ch in chans:
@@ -111,6 +113,9 @@ def render(doc: ExchangeDoc, out) -> None:
                           for k, n in sorted(shm.ring_pages.items()))
         out.print(f"shm ring pages ({T.binary_bytes(shm.ring_bytes or 0)} per channel, bound to node {shm.ring_node}): "
                   f"{where}", markup=False)
+    ref = doc.memcpy_reference
+    if ref is not None and ref.gbs is not None:
+        out.print(f"memcpy reference: {ref.gbs:.2f} GB/s ({ref.extra.get('why', T.binary_bytes(ref.size))})", markup=False)
     for g in doc.goals:
         out.print(f"goal: {g.goal}: {'met' if g.met else 'NOT met'} (worst {g.worst})", markup=False)
     for n in doc.notes:
@@ -134,29 +139,37 @@ def plots(doc: ExchangeDoc, out_dir: Path) -> list[Path]:
     return [plot(doc, out_dir / "exchange.png")]
 
 
+COLORS = {"shm": "tab:blue", "unix": "tab:orange", "tcp": "tab:green", "memcpy": "tab:gray"}
+
+
 def plot(doc: ExchangeDoc, path: Path) -> Path:
-    """Throughput (one channel, and the most channels) and latency over the message size, per transport."""
+    """Throughput (one channel solid, the most channels dashed, memcpy of each size dotted, the memory
+    reference as a line) and round-trip latency over the message size, one colour per transport."""
     plt = P.pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     most = max((c.channels for c in doc.cases if c.mode == "throughput" and c.transport != "memcpy"), default=1)
     for t in [*_transports(doc), "memcpy"]:
-        for ch in sorted({1, most}) if t != "memcpy" else (1,):
+        for ch in (sorted({1, most}) if t != "memcpy" else [1]):
             cs = sorted((c for c in doc.cases if c.transport == t and c.mode == "throughput" and c.channels == ch),
                         key=lambda c: c.size)
             if cs:
-                a.plot([c.size for c in cs], [c.gbs for c in cs], marker="o", linestyle="--" if t == "memcpy" or ch > 1 else "-",
-                       label=t if t == "memcpy" else f"{t} x{ch}")
+                style = ":" if t == "memcpy" else ("--" if ch > 1 else "-")
+                a.plot([c.size for c in cs], [c.gbs for c in cs], marker="o", linestyle=style, color=COLORS[t],
+                       label="memcpy of the message" if t == "memcpy" else f"{t}, {ch} channel{'s' if ch > 1 else ''}")
         ls = sorted((c for c in doc.cases if c.transport == t and c.mode == "latency"), key=lambda c: c.size)
         if ls:
-            b.plot([c.size for c in ls], [c.latency_us_median for c in ls], marker="o", label=t)
-    for ax, title, ylabel in ((a, "throughput", "GB/s (median of runs)"), (b, "round-trip latency", "us (median)")):
+            b.plot([c.size for c in ls], [c.latency_us_median for c in ls], marker="o", color=COLORS[t], label=t)
+    ref = doc.memcpy_reference
+    if ref is not None and ref.gbs:
+        a.axhline(ref.gbs, color="black", linewidth=1, label=f"memcpy of memory ({T.binary_bytes(ref.size)})")
+    for ax, title, ylabel in ((a, "throughput", "GB/s (median of runs)"), (b, "round trip: message + 8-byte reply", "us (median)")):
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    b.set_yscale("log")
+        ax.grid(True, alpha=0.3, which="both")
+        ax.legend(fontsize=7)
     return P.save(fig, path)
 
 
