@@ -10,8 +10,9 @@
 //         small /dev/shm does not limit it and nothing is left when both processes are gone), its
 //         pages bound (mbind MPOL_BIND) to the receiver's NUMA node before anyone touches them.
 //         The ring is bounded (--ring bytes per channel, however large the message): the sender
-//         copies a frame in as space frees (back-pressure), the receiver reads it in place and
-//         releases it: one copy per hop. Waiting spins briefly, then sleeps on a futex.
+//         copies a frame in as space frees (back-pressure), publishing it in pieces of --publish
+//         bytes (64 KiB) so that the receiver reads one piece while the next is copied in; the
+//         receiver reads in place and releases: one copy per hop. Waiting spins, then sleeps on a futex.
 //   unix  a Unix stream socket pair per channel.
 //   tcp   a loopback TCP connection per channel (TCP_NODELAY).
 //
