@@ -65,7 +65,7 @@ run: setup
 	    --out results/tpch-sf1 $(RUN_ARGS)
 
 test: setup-all
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 test-all: setup-all
 	TILEWISE_SLOW=1 $(BIN)/pytest -q

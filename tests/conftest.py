@@ -81,12 +81,14 @@ def _own_state_dir(tmp_path, monkeypatch):
     return d
 
 
-def run_cli(*args: str, check: bool = False, timeout: float = 300, env: dict | None = None, input: str | None = None):
+def run_cli(*args: str, check: bool = False, timeout: float = 300, env: dict | None = None, input: str | None = None,
+            cwd=None):
     """Run the real `tilewise` CLI in a subprocess (end-to-end), returning CompletedProcess."""
     exe = shutil.which("tilewise", path=str(Path(sys.executable).parent)) or "tilewise"
     full_env = dict(os.environ)
     full_env.update(env or {})
-    cp = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=full_env, input=input)
+    cp = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, env=full_env, input=input,
+                        cwd=cwd)
     if check and cp.returncode != 0:
         raise AssertionError(f"tilewise {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
     return cp

@@ -6,10 +6,12 @@ whole command lines run in-process through the real entry point (tilewise.cli.ma
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -215,6 +217,9 @@ SCRATCH = Path(tempfile.mkdtemp(prefix="tilewise-fuzz-"))
 (SCRATCH / "trace.csv").write_text("time,load\n0,50\n0.1,90\n0.2,10\n0.3,80\n")
 (SCRATCH / "log.jsonl").write_text('{"event": "log", "format": "tilewise-elastic", "version": 1}\n{"not": "a tick"}\n')
 (SCRATCH / "garbage").write_text("<topology><object type='PU' os_index='x'/></topology>")
+# made at import (the strategies below name its paths), so removed when the test process ends
+atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)
+
 
 NUMBERS = st.one_of(
     st.sampled_from(["nan", "inf", "-inf", "-1", "0", "0.5", "1", "2", "3", "1e3", "1e999", "9" * 40, "abc", "",

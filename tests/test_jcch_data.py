@@ -94,6 +94,8 @@ def test_section5_checks_pass_at_sf01(checks, group):
 def test_every_section5_item_is_checked(checks):
     ids = {r.id for r in checks}
     for want in ("I1.rows.lineitem", "I1.lines_per_order", "I2.fk_lineitem_partsupp", "I2.partsupp_unique",
+                 "I2.refresh_lineitem_partsupp", "I2.refresh_orders_customer", "I2.refresh_lineitem_orders",
+                 "I2.refresh_new_orderkeys",
                  "I3.partsupp_per_part", "I4.nations.customer.large", "I4.nations.supplier.small",
                  "I5.populous_customers", "I5.top5_custkey", "I6.parts.lgbox_size1", "I6.parts.availqty",
                  "I7.mega.dates", "I7.mega.cross_region", "I8.sanctuary.qty51", "I9.ordinary.same_region",
@@ -103,6 +105,27 @@ def test_every_section5_item_is_checked(checks):
                  "S.gold_comments", "S.distinct_partkey", "S.gold_parts", "S.mean_ship_gap",
                  "S.large_nation_lines.customer", "S.large_nation_lines.supplier"):
         assert want in ids, want
+
+
+def test_refresh_sets_keep_jcch_keys_where_tpch_rule_did_not(jcch_sf01, tmp_path):
+    """RF1's new lines under TPC-H's part-supplier bridge name pairs JCC-H's partsupp does not hold
+    (the defect: 56 of 60 at SF 0.01); under JCC-H's rule, none."""
+    import duckdb
+
+    from tilewise.benchmarks.jcch import refresh as jcch_refresh
+    from tilewise.benchmarks.tpch import refresh as tpch_refresh
+
+    missing = {}
+    for name, rule in (("tpch", tpch_refresh.TPCH), ("jcch", jcch_refresh.REFRESH.rule)):
+        out = tmp_path / name
+        out.mkdir()
+        tpch_refresh.generate(jcch_sf01, 1, out, rule)
+        missing[name] = duckdb.connect().execute(
+            f"select count(*) from read_parquet('{out / 'lineitem.parquet'}') l anti join "
+            f"read_parquet('{jcch_sf01.dir / 'partsupp.parquet'}') p on l_partkey = ps_partkey and l_suppkey = ps_suppkey"
+        ).fetchone()[0]
+    assert missing["tpch"] > 0 and missing["jcch"] == 0, missing
+    assert jcch.KEYS == tpch_data.KEYS and all(f.holds for f in jcch.KEYS.foreign)
 
 
 def test_checks_catch_a_broken_set(jcch_sf01, tmp_path):

@@ -414,6 +414,31 @@ def test_bad_input_missing_server_binary(tag, tmp_path):
     _nothing_started(env, value, before)
 
 
+def test_a_server_that_cannot_start_names_a_log_that_exists(data_root, tag, tmp_path):
+    """Under `ulimit -n 32` the server refuses to start: the error quotes its FATAL line and names its
+    log, which is kept (the run's sockets and data go); for `up` and for a benchmark alike."""
+    env, value = tag
+    before = roots()
+    scratch = tmp_path / "s"
+    scratch.mkdir()
+    exe = str(Path(sys.executable).parent / "tilewise")
+    for argv in (["up", "--engine", "postgres", "--policy", "wim", "--name", "bad", "--sf", "0.01",
+                  "--data-dir", str(data_root)],
+                 ["bench", "tpch", "--engine", "postgres", "--sf", "0.01", "--data-dir", str(data_root),
+                  "--policies", "wim", "--runs", "1", "--no-warmup", "--no-plots", "--tests", "power",
+                  "--out", str(tmp_path / "res")]):
+        cp = subprocess.run(["bash", "-c", 'ulimit -n 32; exec "$@"', "-", exe, *argv], capture_output=True,
+                            text=True, timeout=180, env={**os.environ, **env, "TMPDIR": str(scratch)})
+        line = one_error_line(cp)
+        assert cp.returncode == 1 and "did not start" in line and "file descriptors" in line, line
+        log = Path(line.rsplit("see its log (kept): ", 1)[1])
+        assert log.is_file() and "FATAL" in log.read_text(), line
+        kept = log.parent.parent
+        assert [p.name for p in kept.iterdir()] == ["logs"]  # nothing but the logs
+        shutil.rmtree(kept)
+        _nothing_started(env, value, before)
+
+
 def test_a_failing_initdb_leaves_nothing(tag, tmp_path, monkeypatch):
     """A benchmark's start that fails before any server runs (initdb exits 1) removes the deployment's
     directory itself (a benchmark's journal is its own: committed once everything was stopped)."""

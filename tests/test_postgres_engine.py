@@ -144,7 +144,7 @@ def test_failure_names_the_fix():
     what, fix = runtime.failure(DENIED)
     assert "data directory" in what and runtime.DIR_VAR in fix
     assert runtime.failure("LOG:  starting PostgreSQL 15\n") is None
-    assert runtime.failure("FATAL:  something else\n") == ("something else", "see the server's log")
+    assert runtime.failure("FATAL:  something else\n") == ("something else", "")
 
 
 # ---- the load ---------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def test_key_statements_tpch_and_jcch():
     assert all(s.endswith("DEFERRABLE INITIALLY DEFERRED") for s in fks)
     jpks, jidx, jfks = load.key_statements(jcch_data.KEYS, tables)
     assert jpks == pks and jidx == idx  # the same indexes ...
-    assert len(jfks) == 7 and not any("REFERENCES \"partsupp\"" in s and "l_partkey" in s for s in jfks)  # ... one FK less
+    assert jfks == fks  # JCC-H's refresh sets keep every key too: the same constraints
     # keys of tables that are not loaded are left out
     assert load.key_statements(TPCH_KEYS, {"region", "nation"}) == (
         [pks[0], pks[1]], [idx[0]] if "n_regionkey" in idx[0] else [], [fks[0]])

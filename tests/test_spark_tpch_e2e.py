@@ -18,10 +18,14 @@ def test_bench_tpch_spark_all_22_validated(tmp_path):
     data = tmp_path / "data"
     tpch_data.ensure_data(0.01, data)
     out = tmp_path / "res"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
     cp = run_cli("bench", "tpch", "--engine", "spark", "--sf", "0.01", "--policies", "wim", "--runs", "1",
                  "--tests", "power", "--no-warmup", "--no-plots", "--out", str(out), "--data-dir", str(data), "--json", timeout=600,
-                 env={"TILEWISE_TEST_TAG": str(tmp_path)})
+                 env={"TILEWISE_TEST_TAG": str(tmp_path)}, cwd=cwd)
     assert cp.returncode == 0, cp.stderr[-3000:]
+    # nothing in the user's current directory (Spark's default warehouse would be ./spark-warehouse)
+    assert list(cwd.iterdir()) == []
     doc = json.loads(cp.stdout)
     assert doc["params"]["engine"] == "spark" and doc["params"]["tests"] == ["power"]
     # Spark cannot write its tables: no refresh functions, and the results say so

@@ -113,7 +113,8 @@ def compare(t, hw: dict) -> list[str]:
         if n.cpus:
             check(f"node P#{nid} CPUs", frozenset(n.cpus), cpus)
         elif cpus:  # CPU-less here: hwloc gives it the locality of the object it hangs from, shared
-            if not any(cpus <= set(o.cpus) | set(hw["nodes"][o.id][0]) for o in t.numa_nodes if o.cpus and o.id != nid) \
+            if not any(cpus <= set(o.cpus) | set(hw["nodes"].get(o.id, ((),))[0]) for o in t.numa_nodes
+                       if o.cpus and o.id != nid) \
                     and not any(p.invented for p in t.numa_nodes):
                 diffs.append(f"node P#{nid} has CPUs {sorted(cpus)} only in hwloc")
     invented_cpus = {p for n in t.numa_nodes if n.invented and n.id not in ours_nodes for p in n.cpus}
@@ -149,8 +150,11 @@ def explained(t) -> list[str]:
         missing.append("invented cores")
     if any(n.invented for n in t.numa_nodes) and "invented node" not in text:
         missing.append("invented NUMA node")
-    if any(not p.os_index_known and not p.invented for p in t.packages) and "unknown" not in text:
+    if any(not p.os_index_known and not p.invented and p.shared_os_index is None for p in t.packages) \
+            and "unknown" not in text:
         missing.append("unknown package OS index")
+    if any(p.shared_os_index is not None for p in t.packages) and "several" not in text:
+        missing.append("a shared package OS index")
     return missing
 
 
@@ -246,7 +250,7 @@ def trees(tmp_path_factory):
 @pytest.mark.parametrize("name", cases.SYSFS_READ)
 def test_sysfs_reads_as_hwloc_reads_it(trees, name, tmp_path):
     t = topology.load(f"sysfs:{trees[name]}")
-    xml = cases.lstopo_xml(trees[name], tmp_path / "hwloc.xml")
+    xml = cases.lstopo_xml(trees[name], tmp_path / "hwloc.xml", whole_system=name not in cases.RESTRICTED)
     assert compare(t, hwloc_reading(xml)) == []
     assert explained(t) == []
 
@@ -444,3 +448,56 @@ def test_24_node_4096_pu_export_with_matrix_and_memattrs_loads(tmp_path):
     assert len(t.pus) == 4096 and len(t.numa_nodes) == 24 and t.distances_source == "firmware"
     assert t.distance(0, 11) == 12 and t.distance(0, 23) == 21
     assert {k: len(v["values"]) for k, v in t.memattrs.items()} == {"Bandwidth": 576, "Latency": 576}
+
+
+# ---- restricted trees, old kernels, Itanium, hybrid parts (hwloc's corpus classes) ---------------------
+
+def test_a_saved_trees_cgroup_restricts_it_as_hwloc_does(trees):
+    """cgroup v1 (cpuset.cpus, not effective_cpus, as hwloc reads v1), the old cpuset file system
+    and cgroup v2: disallowed CPUs and nodes are left out; nodes whose CPUs are all disallowed keep
+    their memory and are ordinary DRAM, never a far tier."""
+    from tilewise import plan
+    from tilewise.topology import tiers
+
+    for name in ("cgroup-v1-restricted", "cgroup-v1-restricted.xml"):
+        t = topology.load(f"sysfs:{trees[name]}" if not name.endswith(".xml") else str(HERE / f"sysfs-{name}"))
+        assert t.pus == (0, 1, 2, 3, 4, 5) and [n.id for n in t.numa_nodes] == [0, 1, 2, 3, 4, 5]
+        away = [n for n in t.numa_nodes if n.restricted_away]
+        assert [(n.id, n.hidden_cpus, n.kind) for n in away] == [
+            (k, tuple(range(4 * k, 4 * k + 4)), "dram") for k in (2, 3, 4, 5)]
+        assert t.node_by_id[1].cpus == (4, 5) and t.node_by_id[1].hidden_cpus == ()
+        assert {x.tier for x in tiers.classify(t)} == {"near"}
+        assert "6 NUMA nodes (4 with no allowed CPU)" in t.summary()
+        assert all(not a.far_nodes for a in plan.plan(t, "win").instances)
+    t = topology.load(f"sysfs:{trees['cgroup-v1-restricted']}")
+    assert any("cgroup v1 cpuset /slurm/job_1 allows CPUs 0-5" in n["text"] for n in t.notes)
+    t = topology.load(f"sysfs:{trees['cpuset-fs']}")
+    assert t.pus == (0, 1, 2, 8, 9, 10) and [n.id for n in t.numa_nodes] == [0] and len(t.packages) == 1
+    t = topology.load(f"sysfs:{trees['container']}")
+    node0 = t.node_by_id[0]
+    assert node0.invented and node0.cpus == (0, 1, 8, 9) and t.mem_allowed_nodes == (1,)
+
+
+def test_an_old_kernels_offline_cpus_are_left_out(trees):
+    t = topology.load(f"sysfs:{trees['offline-no-online']}")
+    assert 2 not in t.pus and 3 not in t.pus and len(t.pus) == 14
+    assert any("CPUs 2 have no topology/" in n["text"] for n in t.notes)  # cpu3's online file says 0
+
+
+def test_an_offline_node_leaves_its_cpus_in_an_invented_one(trees):
+    t = topology.load(f"sysfs:{trees['offline-node']}")
+    node0 = t.node_by_id[0]
+    assert node0.invented and node0.cpus == (0, 1, 2, 3, 8, 9, 10, 11) and t.node_by_id[1].memory_bytes == 32 * 2**30
+    assert any("in no NUMA node's cpulist" in n["text"] for n in t.notes)
+
+
+def test_itanium_packages_share_os_indexes(trees):
+    t = topology.load(f"sysfs:{trees['itanium']}")
+    assert len(t.packages) == 16 and [p.os_index for p in t.packages[:4]] == [0, 0, 512, 512]
+    assert len({p.id for p in t.packages}) == 16
+    assert [p["os_index"] for p in render.to_json(t)["package_list"][:3]] == [0, 0, 512]
+
+
+def test_lakefield_is_one_l3_domain(trees):
+    t = topology.load(f"sysfs:{trees['lakefield']}")
+    assert [d.cpus for d in t.l3_domains] == [(0, 1, 2, 3, 4)] and len(t.cores) == 5

@@ -226,3 +226,33 @@ def test_real_q1_at_sf1_off_by_one_fails():
     assert not ref.check(1, with_cell(good, 0, 3, good[0][3] + 1)).ok
     assert not ref.check(1, with_cell(good, 0, 3, good[0][3] + D("0.01"))).ok
     assert ref.check(1, list(reversed(good))).ok is False  # a real reordering
+
+
+def test_a_decimal_cast_to_an_integer_may_round_or_truncate_and_nothing_else(tpch_sf001, tmp_path):
+    """TPC-DS q54's segment, on TPC-H data: DuckDB rounds a decimal cast to an integer, DataFusion (the
+    reference) truncates; the standard allows both. Either answer is right, the rule is named, and an
+    answer that does neither (ceiling) is wrong."""
+    import duckdb
+    import shutil
+
+    d = tmp_path / "d"
+    shutil.copytree(tpch_sf001 / "sf0.01", d)  # its own reference cache
+    ref = validate.Reference(Dataset.at(d, benchmark="tpch", sf=0.01))
+    sql = ("select cast(l_extendedprice / 50 as int) * 50 as segment_base, count(*) as n from lineitem "
+           "where l_orderkey < 200 group by 1 order by 1, 2")
+    assert sqlshape.rounding_casts(sql).startswith("select cast(round(l_extendedprice / 50) as int)")
+    con = duckdb.connect()
+    con.execute(f"create view lineitem as select * from read_parquet('{d / 'lineitem.parquet'}')")
+    rounded = con.execute(sql).fetchall()  # DuckDB rounds
+    truncated = con.execute(sql.replace("cast(l_extendedprice / 50 as int)", "trunc(l_extendedprice / 50)::int")).fetchall()
+    ceiling = con.execute(sql.replace("cast(l_extendedprice / 50 as int)", "ceil(l_extendedprice / 50)::int")).fetchall()
+    assert rounded != truncated and ceiling not in (rounded, truncated)
+    plain = ref.check_sql(sql, "cast_probe", truncated)
+    assert plain.ok and plain.detail == ""  # the reference's own rule: no second look
+    other = ref.check_sql(sql, "cast_probe", rounded)
+    assert other.ok and "round or truncate" in other.detail
+    assert (ref.cache_dir / "cast_probe.rounding.json").is_file()
+    wrong = ref.check_sql(sql, "cast_probe", ceiling)
+    assert not wrong.ok and "expected" in wrong.detail
+    # a statement without such a cast gets no second reference
+    assert ref.answer_sql("select count(*) as n from lineitem", "no_cast", rounding=True) is None

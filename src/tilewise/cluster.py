@@ -15,7 +15,6 @@ State dir: $TILEWISE_CLUSTER_DIR, else $XDG_RUNTIME_DIR/tilewise/clusters, else
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from tilewise.binding import ensure_runnable
 from tilewise.data import record_of, sources_of
 from tilewise.engines.contract import CLUSTER_VAR, EngineSpec, Runtime, new_token
 from tilewise.errors import TilewiseError, UsageError
+from tilewise import fsutil
 from tilewise.fsutil import atomic_write_json
 from tilewise.plan import Plan
 
@@ -147,7 +147,7 @@ def remove(st: ClusterState) -> None:
         state_path(st.name).unlink()
     root = Path(st.root)
     if root.is_dir() and root.parent == state_dir():  # only what we created
-        shutil.rmtree(root, ignore_errors=True)
+        fsutil.remove_run_dir(root)  # a failed start's logs stay where its error names them
 
 
 @contextlib.contextmanager
@@ -165,52 +165,14 @@ def locked(name: str):
         yield
 
 
-@contextlib.contextmanager
 def _held(name: str, timeout_s: float, busy: Exception):
     """The cluster's lock, held for the block; its file removed after it when no cluster of that
-    name is recorded then (still held: a waiter finds the file gone and opens the path again)."""
+    name is recorded then (fsutil.locked_file: a waiter finds the file gone and opens the path again)."""
     path = state_dir() / f".{check_name(name)}.lock"
-    with _lock(path, timeout_s, busy) as fh:
-        try:
-            yield fh
-        finally:
-            if not state_path(name).exists():
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-
-
-def _lock(path: Path, timeout_s: float, busy: Exception):
-    """The open lock file at path, locked: taken again when the file was removed meanwhile by its
-    last holder (a lock on a file no longer at the path guards nothing)."""
-    while True:
-        try:
-            fh = open(path, "a")
-        except OSError as e:
-            raise UsageError(f"cannot use the cluster state directory {path.parent}: {e.strerror}",
-                             "set TILEWISE_CLUSTER_DIR to a writable directory") from None
-        try:
-            _flock(fh, timeout_s, busy)
-            if os.fstat(fh.fileno()).st_ino == os.stat(path).st_ino:
-                return fh
-        except FileNotFoundError:
-            pass
-        except BaseException:
-            fh.close()
-            raise
-        fh.close()
-
-
-def _flock(fh, timeout_s: float, busy: Exception) -> None:
-    """Take the exclusive lock on fh, waiting up to timeout_s; `busy` is raised when it stays taken."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise busy from None
-            time.sleep(0.05)
+    return fsutil.locked_file(
+        path, timeout_s=timeout_s, busy=busy, remove_after=lambda: not state_path(name).exists(),
+        cannot=lambda e: UsageError(f"cannot use the cluster state directory {path.parent}: {e.strerror}",
+                                    "set TILEWISE_CLUSTER_DIR to a writable directory"))
 
 
 def update(name: str, token: str, change, timeout_s: float = 60.0) -> bool:

@@ -6,6 +6,7 @@ result, journal, state file and plot tilewise writes goes through here.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -15,17 +16,38 @@ from pathlib import Path
 from tilewise.errors import UsageError
 
 
+_MADE: list[Path] = []  # folders ensure_writable_dir created in this process, outermost first
+
+
 def ensure_writable_dir(path: str | os.PathLike, what: str = "--out") -> Path:
-    """Create the output folder and prove it takes a file, before any measurement starts."""
+    """Create the output folder and prove it takes a file, before any measurement starts. The
+    folders it creates are remembered: a command that then fails removes them while still empty
+    (discard_made_dirs), so a refusal leaves no empty --out behind."""
     d = Path(path)
     try:
+        missing = [p for p in (d, *d.parents) if not p.exists()]
         d.mkdir(parents=True, exist_ok=True)
+        _MADE.extend(reversed(missing))
         probe = d / f".tilewise-write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to {what} {d}: {e.strerror or e}", f"pick another {what}") from None
     return d
+
+
+def discard_made_dirs() -> list[Path]:
+    """Remove the folders ensure_writable_dir created that are still empty (innermost first): what a
+    command that fails leaves of its --out. Returns what was removed."""
+    removed = []
+    for p in reversed(_MADE):
+        try:
+            p.rmdir()  # only an empty folder
+            removed.append(p)
+        except OSError:
+            pass
+    _MADE.clear()
+    return removed
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, *, mode: int = 0o644) -> Path:
@@ -83,3 +105,80 @@ def save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> Path:
     finally:
         plt.close(fig)
     return atomic_write(path, buf.getvalue())
+
+
+def remove_run_dir(root: str | os.PathLike) -> bool:
+    """Remove a run's working directory; on the way out of an error (an Exception being handled or
+    propagating; not an interrupt) that names a log in it, its `logs` folder stays where the error
+    says, and everything else (sockets, spill, data) goes. Returns True when logs were kept."""
+    import shutil
+    import sys
+
+    root = Path(root)
+    failing = sys.exc_info()[1]
+    named = isinstance(failing, Exception) and str(root / "logs") in str(failing)
+    if not named or not (root / "logs").is_dir():
+        shutil.rmtree(root, ignore_errors=True)
+        return False
+    for p in root.iterdir():
+        if p.name == "logs":
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return True
+
+
+@contextlib.contextmanager
+def locked_file(path: str | os.PathLike, *, cannot, timeout_s: float | None = None, busy: Exception | None = None,
+                remove_after=lambda: True):
+    """Hold an exclusive flock on the lock file at path for the block (waiting up to timeout_s, then
+    raising `busy`; None: as long as it takes). The file goes with what it guards: when remove_after()
+    is true at the end it is unlinked while still held, and a waiter that then gets the lock on the
+    unlinked file sees that its inode is no longer the path's and opens the path again (a lock on a
+    file no longer at the path guards nothing). cannot(OSError) -> the exception to raise when the
+    file cannot be made (a full or read-only disk, a missing permission)."""
+    path = Path(path)
+    while True:
+        try:
+            fh = open(path, "a")
+        except OSError as e:
+            raise cannot(e) from None
+        try:
+            _flock(fh, timeout_s, busy)
+            if os.fstat(fh.fileno()).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            fh.close()
+            raise
+        fh.close()
+    try:
+        yield fh
+    finally:
+        try:
+            if remove_after():
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        finally:
+            fh.close()
+
+
+def _flock(fh, timeout_s: float | None, busy: Exception | None) -> None:
+    import fcntl
+    import time
+
+    if timeout_s is None:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise busy from None
+            time.sleep(0.05)

@@ -760,11 +760,34 @@ def run(t: GuestTopology, command: str | list[str], *, cwd: str | os.PathLike | 
         return _run(t, command, cwd=cwd, env=env, shares=shares, timeout=timeout, accel="tcg")
 
 
+SCRATCH_PREFIX = "tilewise-vm-guest-"
+
+
+def _scratch_owner(path: Path) -> int | None:
+    m = re.fullmatch(rf"{SCRATCH_PREFIX}(\d+)-.*", path.name)
+    return int(m.group(1)) if m else None
+
+
+def sweep(base: str | None = None) -> list[Path]:
+    """Remove the guest folders (initrd, console) of runners that are gone: a runner stopped by SIGTERM
+    runs no finally, and its QEMU dies with it (a death signal), but its folder stays until this sweep,
+    which every guest run does first. Returns what it removed."""
+    removed = []
+    for d in Path(base or tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        owner = _scratch_owner(d)
+        if owner is None or owner == os.getpid() or Path(f"/proc/{owner}").exists():
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
 def _run(t: GuestTopology, command: str, *, cwd: str, env: dict[str, str], shares: list[Share], timeout: float,
          accel: str) -> GuestResult:
     kernel = kernel_image()
     base = base_initramfs()
-    with tempfile.TemporaryDirectory(prefix=f"tilewise-vm-{t.name}-") as d:
+    sweep()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{t.name}-") as d:
         out = Path(d)
         initrd = out / "initrd.cpio"
         initrd.write_bytes(base.read_bytes() + job_archive(command, cwd, env, t.cgroup, shares))

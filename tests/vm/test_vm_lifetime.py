@@ -7,12 +7,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from tilewise import procs
+from vm import harness
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]
 
@@ -49,6 +51,11 @@ def test_a_guest_dies_with_the_python_that_booted_it():
         while [g for g in guests if g.alive()] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not [g for g in guests if g.alive()], "QEMU outlived the process that booted it"
+        # its folder (initrd, console) is left by the dead runner; the next guest run's sweep removes it
+        mine = list(Path(tempfile.gettempdir()).glob(f"{harness.SCRATCH_PREFIX}{runner.pid}-*"))
+        assert mine, "the runner's guest folder was not where the sweep looks"
+        assert set(mine) <= set(harness.sweep())
+        assert not [d for d in mine if d.exists()]
     finally:
         if runner.poll() is None:
             runner.kill()

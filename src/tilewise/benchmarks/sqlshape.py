@@ -144,3 +144,38 @@ def order_columns(shape: Shape, names: list[str]) -> tuple[int, ...] | None:
         if idx not in out:
             out.append(idx)
     return tuple(out)
+
+
+_INTEGER_TYPES = ("bigint", "integer", "int", "smallint", "tinyint")
+_CAST_TAIL = re.compile(r"\s+as\s+(" + "|".join(_INTEGER_TYPES) + r")\s*$", re.I)
+
+
+def rounding_casts(sql: str) -> str | None:
+    """The text with every CAST(x AS <integer type>) made CAST(ROUND(x) AS <type>), or None when it has
+    no such cast. A decimal cast to an integer is implementation-defined in the SQL standard: an engine
+    may round (DuckDB, PostgreSQL) or truncate (DataFusion); the reference checks both (validate's
+    "implementation-defined casts"). Rewritten on the text (balanced parentheses), not through a
+    parser that would print the rest of the statement in its own dialect."""
+    out, i, changed = [], 0, False
+    low = sql.lower()
+    for m in re.finditer(r"\bcast\s*\(", low):
+        if m.start() < i:
+            continue  # inside a cast already rewritten (its inner casts are rewritten below)
+        start, depth, j = m.end(), 1, m.end()
+        while j < len(sql) and depth:
+            depth += {"(": 1, ")": -1}.get(sql[j], 0)
+            j += 1
+        if depth:
+            return None  # unbalanced: leave the text alone
+        inner = sql[start:j - 1]
+        tail = _CAST_TAIL.search(inner)
+        if tail is None:
+            continue
+        operand = inner[:tail.start()]
+        rewritten = rounding_casts(operand) or operand
+        out.append(sql[i:m.start()] + f"cast(round({rewritten}){inner[tail.start():]})")
+        i, changed = j, True
+    if not changed:
+        return None
+    out.append(sql[i:])
+    return "".join(out)

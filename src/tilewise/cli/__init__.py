@@ -15,7 +15,7 @@ import sys
 import click
 
 from tilewise import __version__
-from tilewise import signals
+from tilewise import fsutil, signals
 from tilewise.errors import TilewiseError
 
 # name -> "module:attribute"; a new subcommand is one line here.
@@ -68,6 +68,18 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     signals.install()  # SIGINT, SIGTERM and SIGHUP raise, so every cleanup runs
+    try:
+        _main(argv)
+    except SystemExit as e:
+        if e.code not in (0, None):  # a refused or failed command leaves no empty --out it made
+            fsutil.discard_made_dirs()
+        raise
+    except BaseException:
+        fsutil.discard_made_dirs()
+        raise
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         cli.main(args=argv, prog_name="tilewise", standalone_mode=False)
     except click.exceptions.Exit as e:

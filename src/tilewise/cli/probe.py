@@ -1,5 +1,5 @@
-"""`tilewise probe latency|bandwidth|stream|memory|gpu`: measure this machine (paper 001, section 2;
-thesis 004, ch. 4 for `memory`, ch. 3 for `gpu`)."""
+"""`tilewise probe latency|bandwidth|stream|memory|exchange|gpu`: measure this machine (paper 001,
+section 2; thesis 004, ch. 4 for `memory`, ch. 3 for `gpu`; issue 30 for `exchange`)."""
 
 from __future__ import annotations
 
@@ -183,6 +183,43 @@ def memory_cmd(topology_src, initiators, cpus_text, targets, threads, size_text,
     out = Writer(out_dir, name="memory.json", plots=False) if out_dir else Writer(None)
     with _Reporter("memory") as rep:
         doc = memory.run(cfg, rep, writer=out.write)
+    out.write(doc, plots=True)
+    _show(doc, out, as_json)
+
+
+@probe.command("exchange")
+@topology_option
+@click.option("--sender-cpus", metavar="LIST", help="CPUs of the sending process, e.g. 0-7 (with --receiver-cpus; "
+              "default: two NUMA nodes, else two L3 domains, else two cores).")
+@click.option("--receiver-cpus", metavar="LIST", help="CPUs of the receiving process (its node holds the shm ring).")
+@click.option("--transports", "transports_text", default="shm,unix,tcp", show_default=True, help="Transports to measure.")
+@click.option("--sizes", "sizes_text", default="4KiB,64KiB,1MiB,16MiB,64MiB", show_default=True,
+              help="Message sizes (multiples of 8 bytes).")
+@click.option("--channels", "channels_text", default="1,2", show_default=True,
+              help="Channel counts (one sender and one receiver thread per channel, round-robin over the CPUs).")
+@click.option("--ring", "ring_text", default="8MiB", show_default=True, help="shm: ring buffer per channel (bounded memory).")
+@click.option("--runs", type=AT_LEAST_1, default=3, show_default=True, help="Runs per case; figures are the median.")
+@json_option
+@out_option
+def exchange(topology_src, sender_cpus, receiver_cpus, transports_text, sizes_text, channels_text, ring_text, runs,
+             as_json, out_dir):
+    """What moving a batch between two processes costs: shared memory on the receiver's node, Unix
+    sockets, loopback TCP; throughput and latency against message size and channels, next to memcpy."""
+    from tilewise.probes import exchange as ex
+    from tilewise.results.output import Writer
+
+    words = [w.strip() for w in transports_text.split(",")]
+    sizes = tuple(parse_size(s.strip(), "--sizes", minimum=8) for s in sizes_text.split(",") if s.strip())
+    try:
+        channels = tuple(int(c) for c in channels_text.split(","))
+    except ValueError:
+        raise UsageError(f"--channels {channels_text!r}: give whole numbers, e.g. 1,2,4") from None
+    cfg = ex.Config(topology_src, sender_cpus, receiver_cpus, tuple(words), sizes, channels,
+                    parse_size(ring_text, "--ring", minimum=ex.MIN_RING), runs)
+    ex.check(cfg)  # refused before the output folder is made
+    out = Writer(out_dir, name="exchange.json", plots=False) if out_dir else Writer(None)
+    with _Reporter("exchange") as rep:
+        doc = ex.run(cfg, rep, writer=out.write)
     out.write(doc, plots=True)
     _show(doc, out, as_json)
 

@@ -14,7 +14,6 @@ builder under the same lock, so partial output is never read and never accumulat
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tilewise import dirs
+from tilewise import dirs, fsutil
 from tilewise import launch, procs
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write_json, replace_dir
@@ -103,13 +102,18 @@ def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, 
     return ensure_dir(Path(target), lambda d: is_valid(d, fmt, tables), make, what=what, log=log)
 
 
-def lock_file(target: Path):
-    """An open lock file for target (in its parent directory), or a UsageError naming the directory."""
+def locked(target: Path):
+    """Hold target's lock (a file beside it, in its parent directory) for the block; the file is
+    removed after it (fsutil.locked_file), so a data folder keeps no lock file of a build; a
+    UsageError names the directory when it cannot be made."""
+    def cannot(e: OSError) -> UsageError:
+        return UsageError(f"cannot use data directory {target.parent}: {e.strerror}", "pass --data-dir DIR")
+
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        return open(target.parent / f".{target.name}.lock", "w")
     except OSError as e:
-        raise UsageError(f"cannot use data directory {target.parent}: {e.strerror}", "pass --data-dir DIR") from None
+        raise cannot(e) from None
+    return fsutil.locked_file(target.parent / f".{target.name}.lock", cannot=cannot)
 
 
 def stale_builds(target: Path) -> list[Path]:
@@ -127,9 +131,7 @@ def ensure_dir(target: Path, valid: Callable[[Path], bool], build: Callable[[Pat
     target = Path(target)
     if valid(target):
         return target
-    lock = lock_file(target)
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per target at a time; others wait and reuse
+    with locked(target):  # one builder per target at a time; others wait and reuse
         if valid(target):
             return target
         for old in stale_builds(target):  # a crashed builder's partial output: never read, removed

@@ -21,7 +21,6 @@ talks to them; connect_hints() says how users reach a detached deployment.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tilewise import changes, dirs, launch, procs, verification
+from tilewise import changes, dirs, fsutil, launch, procs, verification
 from tilewise.binding import Binding, ensure_runnable
 from tilewise.data import record_of
 from tilewise.engines.contract import (CLUSTER_VAR, TOKEN_VAR, InstanceStatus, Runtime, instance_statuses,
@@ -397,7 +396,7 @@ class ProcessCluster(Runtime):
             raise self.error_cls(f"could not stop processes of the cluster: {rep.summary()}",
                                  "kill them by pid (are you the same user?)")
         if self._own_root and self.root is not None and not self.keep_logs:
-            shutil.rmtree(self.root, ignore_errors=True)
+            fsutil.remove_run_dir(self.root)  # a failed run's logs stay where its error names them
         if self._own_journal and self.journal is not None:
             self.journal.commit()  # everything journaled was stopped, checked and removed
             self.journal = None

@@ -36,6 +36,7 @@ class RawNode:
     package: int | None = None
     kind: str | None = None
     invented: bool = False
+    hidden_cpus: tuple[int, ...] = ()  # its CPUs the source's restriction left out (NumaNode.hidden_cpus)
 
 
 @dataclass(frozen=True)
@@ -51,19 +52,23 @@ def note(level: str, text: str) -> dict:
 
 
 def _package_ids(pus: Sequence[RawPU]) -> tuple[dict, list[Package]]:
-    """Package key -> id, and the packages' flags. Known OS indexes keep their number; packages whose
-    OS index is unknown and the invented one (for PUs without a package) get the next free numbers."""
+    """Package key -> id, and the packages' flags (invented, os_index_known, shared_os_index). Known
+    OS indexes keep their number; packages whose OS index is unknown, packages sharing an OS index
+    (key ("shared", os index, ...)) and the invented one (for PUs without a package) get the next
+    free numbers."""
     first: dict[Hashable, int] = {}
     for p in pus:
         first[p.package] = min(first.get(p.package, p.cpu), p.cpu)
     known = sorted(k for k in first if isinstance(k, int) and not isinstance(k, bool))
     ids: dict[Hashable, int] = {k: k for k in known}
     nxt = (max(known) + 1) if known else 0
-    flags: dict[int, tuple[bool, bool]] = {k: (False, True) for k in known}
+    flags: dict[int, tuple] = {}
     for key in sorted((k for k in first if k not in ids), key=lambda k: first[k]):
         ids[key] = nxt
-        flags[nxt] = (key is None, False)  # (invented, os_index_known)
+        shared = key[1] if isinstance(key, tuple) and key[:1] == ("shared",) else None
+        flags[nxt] = (key is None, False, shared)  # (invented, os_index_known, shared_os_index)
         nxt += 1
+    flags.update({k: (False, True, None) for k in known})
     return ids, flags
 
 
@@ -189,7 +194,8 @@ def build(
         pkg = node_pkg.get(nid, pkg_id.get(rn.package, rn.package))
         if pkg not in pkg_cpu:  # a package with no PU here (emptied by a restriction): none
             pkg = None
-        numa_nodes.append(NumaNode(nid, cpus, rn.memory_bytes, pkg, kind, rn.invented))
+        numa_nodes.append(NumaNode(nid, cpus, rn.memory_bytes, pkg, kind, rn.invented,
+                                   tuple(sorted(set(rn.hidden_cpus) - set(cpus)))))
     packages = tuple(Package(pid, tuple(sorted(c)), *pkg_flags[pid]) for pid, c in sorted(pkg_cpu.items()))
 
     if distances is None or not len(distances) or len(numa_nodes) == 1:  # hwloc keeps no 1-node matrix

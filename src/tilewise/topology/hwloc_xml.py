@@ -32,6 +32,7 @@ import math
 import os
 import re
 import xml.etree.ElementTree as ET
+from collections import Counter
 
 from tilewise import cpulist
 from tilewise.cpulist import is_number as _digits
@@ -165,6 +166,7 @@ class _Reader:
         self.orphans: list[tuple[int, str | None]] = []  # PUs without a NUMA node: (cpu, complete_nodeset)
         self.saw_package = self.saw_core = False
         self.unknown_packages = 0
+        self.shared_packages: set[str] = set()  # os_index values several Package objects carry
         self.devices: list = []  # PciDevice, in document order
 
     def err(self, what: str, hint: str = "") -> UsageError:
@@ -190,7 +192,11 @@ class _Reader:
         kind = KIND_OF_SUBTYPE.get(obj.get("subtype", infos.get("subtype", "")))
         if cpuless:
             kind = kind or infos.get("tilewise:kind") or ("dram" if self._has_cpus_elsewhere(obj) else "memory")
-        self.nodes[nid] = RawNode(nid, mem, (), package, kind, invented=infos.get(INVENTED_INFO) == "1")
+        # its CPUs left out of this export (allowed elsewhere, restricted here): complete_cpuset keeps them
+        hidden = (_mask(obj.get("complete_cpuset"), f"{self.where}: NUMANode P#{nid} complete_cpuset") or ()
+                  if cpuless and self._has_cpus_elsewhere(obj) else ())
+        self.nodes[nid] = RawNode(nid, mem, (), package, kind, invented=infos.get(INVENTED_INFO) == "1",
+                                  hidden_cpus=tuple(hidden))
         self.node_order.append(nid)
         self.elem_node[id(obj)] = nid
         gp = self.name(obj)
@@ -312,6 +318,8 @@ class _Reader:
             if obj.get("os_index") is None:
                 self.unknown_packages += 1
                 ctx["package"] = ("unknown", id(obj))  # hwloc's "P#?" (package_cpus grouping, s390)
+            elif obj.get("os_index") in self.shared_packages:
+                ctx["package"] = ("shared", _index(obj, "os_index", 0, f"{self.where}: Package"), id(obj))
             else:
                 ctx["package"] = _index(obj, "os_index", 0, f"{self.where}: Package")
         if self.major >= 2:
@@ -400,6 +408,9 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
         raise UsageError(f"{path} (hwloc {label} XML) holds no objects", "produce it with `lstopo --of xml FILE`")
 
     r = _Reader(path, major, label)
+    # an os_index several Package objects carry (Itanium): each is a package of its own, with that index
+    counts = Counter(o.get("os_index") for o in machine.iter("object") if _type(o) == "Package" and o.get("os_index"))
+    r.shared_packages = {k for k, v in counts.items() if v > 1}
     r.walk(machine, _packages_have_memory(machine))
     where = r.where
     if not r.pus:
@@ -416,6 +427,10 @@ def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
         notes.append(note("note", "the file has no Package objects: one package is invented (hwloc shows none)"))
     elif any(p.package is None for p in pus):
         notes.append(note("note", "some PUs are in no Package: one package is invented for them (hwloc shows none)"))
+    if r.shared_packages:
+        notes.append(note("note", f"Package os_index {', '.join(sorted(r.shared_packages, key=int))} is carried by "
+                                  "several packages (Itanium): each is a package with that OS index, as hwloc shows "
+                                  "them (numbered apart here)"))
     if r.unknown_packages:
         notes.append(note("note", f"{r.unknown_packages} package(s) without os_index: numbered after the others, "
                                   "OS index unknown (hwloc prints them without P#)"))
@@ -681,6 +696,9 @@ def dumps(t: Topology) -> str:
         sub = SUBTYPE_OF_KIND.get(node.kind)
         e = obj(parent, "NUMANode", cpus, [node.id], os_index=node.id, subtype=sub, local_memory=node.memory_bytes or None)
         node_gp[node.id] = int(e.get("gp_index"))
+        if node.restricted_away:  # as hwloc writes a node whose CPUs the restriction left out
+            e.set("cpuset", "0x0")
+            e.set("complete_cpuset", format_mask(node.hidden_cpus))
         if node.cpuless:
             ET.SubElement(e, "info", {"name": "tilewise:cpuless", "value": "1"})
             ET.SubElement(e, "info", {"name": "tilewise:kind", "value": node.kind})
@@ -707,16 +725,25 @@ def dumps(t: Topology) -> str:
         mem_child(machine, cpuless, all_cpus)
     # a node whose CPUs are in several packages hangs from the Machine, as hwloc puts it
     wide = {n.id for n in t.cpu_nodes if len({t.core_of_cpu[p].package for p in n.cpus}) > 1}
+    # a wide node whose packages lie wholly in it: a Group holds them with the node, as hwloc nests
+    # them (Itanium's node of two packages); otherwise the node hangs from the Machine
+    package_parent: dict[int, ET.Element] = {}
     for nid in sorted(wide):
-        mem_child(machine, t.node_by_id[nid], t.node_by_id[nid].cpus)
-        node_parent[nid] = machine
+        node = t.node_by_id[nid]
+        pkgs = {t.core_of_cpu[p].package for p in node.cpus}
+        inside = all(set(t.package_by_id[k].cpus) <= set(node.cpus) for k in pkgs)
+        parent = obj(machine, "Group", node.cpus, [nid], kind=1001, subkind=0) if inside else machine
+        mem_child(parent, node, node.cpus)
+        node_parent[nid] = parent
+        if inside:
+            package_parent.update({k: parent for k in pkgs})
     for pkg in t.packages:
         pcores = [c for c in t.cores if c.package == pkg.id]
         pnodes = sorted({c.numa_node for c in pcores})
         if pkg.invented:
             pe = machine
         else:
-            pe = obj(machine, "Package", pkg.cpus, pnodes, os_index=pkg.id if pkg.os_index_known else None)
+            pe = obj(package_parent.get(pkg.id, machine), "Package", pkg.cpus, pnodes, os_index=pkg.os_index)
         for nodes, l3s in t.locality_blocks:
             bcores = [c for c in pcores if c.numa_node in nodes]
             if not bcores:

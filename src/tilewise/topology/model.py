@@ -25,9 +25,14 @@ class Package:
     cpus: tuple[int, ...]
     invented: bool = False  # the source has no package: one made up to hold its PUs
     os_index_known: bool = True  # False: grouped as hwloc does (package_cpus masks, XML without os_index)
+    # an OS index several packages share (Itanium's physical_package_id repeats across distinct
+    # package_cpus groups; hwloc shows each group as a package with that index): id is then logical
+    shared_os_index: int | None = None
 
     @property
     def os_index(self) -> int | None:
+        if self.shared_os_index is not None:
+            return self.shared_os_index
         return self.id if self.os_index_known and not self.invented else None
 
 
@@ -41,10 +46,18 @@ class NumaNode:
     # not in the source: made up for PUs that have no NUMA node above them (a container whose
     # allowed memory excludes their node, a firmware node left out); its memory is unknown
     invented: bool = False
+    # a node left with no CPU by the source's restriction (a cgroup's, --restrict's): its CPUs, not
+    # allowed here; its memory is ordinary memory local to them, not a CPU-less tier
+    hidden_cpus: tuple[int, ...] = ()
 
     @property
     def cpuless(self) -> bool:
         return not self.cpus
+
+    @property
+    def restricted_away(self) -> bool:
+        """No CPU here only because the source's restriction left its CPUs out."""
+        return not self.cpus and bool(self.hidden_cpus)
 
 
 @dataclass(frozen=True)
@@ -143,6 +156,10 @@ class Topology:
     @cached_property
     def node_by_id(self) -> dict[int, NumaNode]:
         return {n.id: n for n in self.numa_nodes}
+
+    @cached_property
+    def package_by_id(self) -> dict[int, Package]:
+        return {p.id: p for p in self.packages}
 
     @cached_property
     def l3_by_id(self) -> dict[int, L3Domain]:
@@ -258,9 +275,11 @@ def summary_line(t: Topology) -> str:
     if any(p.invented for p in t.packages):
         parts[-1] += " (invented: the source has none)"
     nodes = _plural(len(t.numa_nodes), "NUMA node")
-    cpuless = sum(1 for n in t.numa_nodes if n.cpuless)
-    if cpuless:
-        nodes += f" ({cpuless} CPU-less)"
+    cpuless = sum(1 for n in t.numa_nodes if n.cpuless and not n.restricted_away)
+    away = sum(1 for n in t.numa_nodes if n.restricted_away)
+    said = ([f"{cpuless} CPU-less"] if cpuless else []) + ([f"{away} with no allowed CPU"] if away else [])
+    if said:
+        nodes += f" ({', '.join(said)})"
     parts.append(nodes)
     cores_in = Counter(c.l3 for c in t.cores)
     # with L3 facts, cores under no L3 (low-power E-cores) are not a chiplet: counted apart

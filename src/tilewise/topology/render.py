@@ -78,7 +78,9 @@ def tree_lines(t: Topology, max_l3: int = 64) -> list[str]:
     for ni, node in enumerate(t.numa_nodes):
         if node.cpuless:
             mc = "".join(f", behind MemCache L#{m.id} ({human_bytes(m.size_bytes)})" for m in caches_of.get(node.id, ()))
-            lines.append(f"  NUMANode L#{ni} (P#{node.id}, {human_bytes(node.memory_bytes)}, {node.kind}, no CPUs{mc})")
+            cpus = (f"its CPUs {cpulist.format(node.hidden_cpus)} not allowed here" if node.restricted_away
+                    else "no CPUs")
+            lines.append(f"  NUMANode L#{ni} (P#{node.id}, {human_bytes(node.memory_bytes)}, {node.kind}, {cpus}{mc})")
     if len(t.numa_nodes) > 1:
         lines.append(distances_line(t))
     if t.allowed_cpus is not None:
@@ -135,7 +137,7 @@ def tier_lines(t: Topology) -> list[str]:
     """Each node's memory tier and, for a CPU-less node, its nearest CPUs and what that was decided on
     (measured latency, else the firmware's figures, else SLIT distance); shown where the machine has
     CPU-less nodes or memory figures."""
-    if not any(n.cpuless for n in t.numa_nodes) and not t.memattrs:
+    if not any(n.cpuless and not n.restricted_away for n in t.numa_nodes) and not t.memattrs:
         return []
     fig = tiers.figures(t)
     ktiers = fig.firmware.tiers if fig.firmware else ()
@@ -144,7 +146,9 @@ def tier_lines(t: Topology) -> list[str]:
     out = [head]
     for nt in tiers.classify(t, measured=fig.measured, firmware=fig.firmware):
         if nt.nearest is None:
-            out.append(f"    node {nt.node}: {nt.tier} (its CPUs' local memory)")
+            away = t.node_by_id[nt.node].hidden_cpus if not t.node_by_id[nt.node].cpus else ()
+            out.append(f"    node {nt.node}: {nt.tier} (its CPUs' local memory"
+                       + (f"; its CPUs {cpulist.format(away)} are not allowed here: not a far tier)" if away else ")"))
             continue
         ratios = ", ".join(x for x in (f"latency {nt.latency_ratio:.2f}x" if nt.latency_ratio else "",
                                         f"read bandwidth {nt.bandwidth_ratio:.2f}x" if nt.bandwidth_ratio else "") if x)
@@ -189,7 +193,7 @@ def to_json(t: Topology) -> dict:
                          for p in t.packages],
         "numa_nodes": [
             {"id": n.id, "cpus": list(n.cpus), "memory_bytes": n.memory_bytes, "package": n.package,
-             "cpuless": n.cpuless, "kind": n.kind, "invented": n.invented,
+             "cpuless": n.cpuless, "kind": n.kind, "invented": n.invented, "hidden_cpus": list(n.hidden_cpus),
              "memory_allowed": n.id in allowed_mem}
             for n in t.numa_nodes
         ],

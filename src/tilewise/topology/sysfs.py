@@ -131,11 +131,15 @@ def _read_nodes(base: Path, cpus: tuple[int, ...], notes: list[dict]):
                 row = [int(x) for x in dtext.split()]
             except ValueError:
                 raise UsageError(f"{nd}/distance holds {dtext[:40]!r}, not numbers") from None
-            if len(row) != len(node_ids):
+            if len(row) == len(node_ids):
+                rows[nid] = row
+            elif len(row) > max(node_ids):  # a row per possible node, some offline (no nodeN/): by node id
+                rows[nid] = [row[k] for k in node_ids]
+            else:
                 raise UsageError(f"{nd}/distance has {len(row)} entries for {len(node_ids)} nodes")
-            rows[nid] = row
     if dropped:
         _firmware_overlap(node_ids, dropped, cpu_node, raw_nodes, notes, base)
+    _nodeless(cpus, cpu_node, raw_nodes, notes)
     distances = None
     if not no_distance:  # the matrix of the nodes kept (an invented node has no row)
         pos = {nid: k for k, nid in enumerate(node_ids)}
@@ -143,6 +147,23 @@ def _read_nodes(base: Path, cpus: tuple[int, ...], notes: list[dict]):
         if all(a in rows for a in kept):
             distances = [[rows[a][pos[b]] for b in kept] for a in kept]
     return cpu_node, raw_nodes, distances, caches
+
+
+def _nodeless(cpus, cpu_node, raw_nodes, notes) -> None:
+    """Online CPUs no node lists (their node is offline, or the firmware gave them none): hwloc shows
+    them without a NUMA node; tilewise puts them in one invented node, numbered with the lowest free id."""
+    orphans = [c for c in cpus if c not in cpu_node]
+    if not orphans:
+        return
+    used = {n.id for n in raw_nodes}
+    nid = next(i for i in range(len(used) + 1) if i not in used)
+    for c in orphans:
+        cpu_node[c] = nid
+    raw_nodes.append(RawNode(nid, 0, tuple(orphans), None, None, invented=True))
+    raw_nodes.sort(key=lambda n: n.id)
+    notes.append(note("note", f"CPUs {cpulist.format(orphans)} are online but in no NUMA node's cpulist (their node is "
+                              "offline, or the firmware gave them none): hwloc shows them without one; tilewise puts "
+                              f"them in invented node {nid}, memory unknown"))
 
 
 def _firmware_overlap(node_ids, dropped, cpu_node, raw_nodes, notes, base) -> None:
@@ -205,6 +226,116 @@ def amd_compute_units(proc: Path | None, arch: str | None = None) -> bool:
     return bool(vendor and family and vendor.group(1) == "AuthenticAMD" and int(family.group(1)) in (0x15, 0x16))
 
 
+def tree_restriction(fsroot: Path) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None, str]:
+    """The CPUs and memory nodes a saved tree's process was allowed, found as hwloc finds them: the
+    first cpuset mount in its proc/mounts (cgroup v2 whose cgroup.controllers lists cpuset; cgroup v1
+    mounted with the cpuset option, whose files have no "cpuset." prefix under noprefix; the old cpuset
+    file system), the process's cpuset from proc/self/cpuset, else the first ":cpuset:" or "::" line
+    of proc/self/cgroup, and its files (v2: cpuset.cpus.effective; v1: cpuset.cpus; cpuset fs: cpus;
+    "mems" likewise), read under fsroot. A file that is not there restricts nothing. (None, None, "")
+    when the tree has no restriction."""
+    proc = fsroot / "proc"
+    mounts = _read_opt(proc / "mounts")
+    if not mounts:
+        return None, None, ""
+    found = None
+    for ln in mounts.splitlines():
+        f = ln.split()
+        if len(f) < 4:
+            continue
+        mnt, fstype, opts = fsroot / f[1].lstrip("/"), f[2], f[3].split(",")
+        if fstype == "cgroup2" and "cpuset" in (_read_opt(mnt / "cgroup.controllers") or "").split():
+            found = (mnt, "cpuset.{}.effective", "cgroup v2")
+        elif fstype == "cpuset" or (fstype == "cgroup" and "cpuset" in opts and "noprefix" in opts):
+            found = (mnt, "{}", "cpuset")
+        elif fstype == "cgroup" and "cpuset" in opts:
+            found = (mnt, "cpuset.{}", "cgroup v1 cpuset")
+        if found:
+            break
+    if found is None:
+        return None, None, ""
+    name = _read_opt(proc / "self" / "cpuset")
+    if name is None:
+        for ln in (_read_opt(proc / "self" / "cgroup") or "").splitlines():
+            _, colon, rest = ln.partition(":")
+            if colon and rest.startswith("cpuset:"):
+                name = rest[len("cpuset:"):]
+                break
+            if colon and rest.startswith(":"):
+                name = rest[1:]
+                break
+    if name is None:
+        return None, None, ""
+    mnt, pattern, what = found
+    d = mnt / name.strip("/")
+
+    def one(attr: str) -> tuple[int, ...] | None:
+        text = _read_opt(d / pattern.format(attr))
+        return cpulist.parse(text, what=f"{d / pattern.format(attr)}", allow_empty=True) if text is not None else None
+
+    cpus, mems = one("cpus"), one("mems")
+    if cpus is None and mems is None:
+        return None, None, ""
+    return cpus, mems, f"{what} {name}"
+
+
+def _restrict(pus: list[RawPU], raw_nodes: list[RawNode], cpus_ok, mems_ok, where: str, notes: list[dict]):
+    """The saved tree as hwloc reads it under its process's restriction: CPUs outside the allowed set
+    left out (a node keeps them as hidden_cpus: its memory is ordinary memory local to CPUs not allowed
+    here), nodes outside the allowed memory left out (their allowed CPUs go to an invented node of the
+    same id, as for a restricted hwloc export). Returns (pus, nodes)."""
+    all_cpus = {p.cpu for p in pus}
+    allowed = set(cpus_ok) & all_cpus if cpus_ok is not None else all_cpus
+    if not allowed:
+        raise UsageError(f"the saved tree's {where} allows none of its CPUs", "is its cgroup's cpuset empty?")
+    mems = set(mems_ok) if mems_ok is not None else {n.id for n in raw_nodes}
+    pus = [p for p in pus if p.cpu in allowed]
+    kept, gone = [], []
+    for n in raw_nodes:
+        listed = tuple(sorted({p for p in (n.cpus or ())} | {c for c in all_cpus if c in n.cpus}))
+        hidden = tuple(c for c in listed if c not in allowed)
+        if n.id in mems:
+            mine = tuple(c for c in listed if c in allowed)
+            if mine:
+                hidden = ()  # recorded for a node left with no allowed CPU only (as an hwloc export shows it)
+            kind = "dram" if hidden else n.kind  # memory local to CPUs not allowed here
+            kept.append(RawNode(n.id, n.memory_bytes, mine, n.package, kind, n.invented, hidden))
+        elif any(p.node == n.id for p in pus):
+            gone.append(n.id)
+            kept.append(RawNode(n.id, 0, (), None, None, invented=True))
+    text = (f"the saved tree's {where} allows CPUs {cpulist.format(sorted(allowed))}"
+            + (f" and the memory of node(s) {cpulist.format(sorted(mems))}" if mems_ok is not None else "")
+            + ": read as hwloc reads it, the rest left out")
+    if gone:
+        text += (f"; CPUs of node(s) {cpulist.format(gone)}, whose memory is not allowed, are in no node there "
+                 "(hwloc shows them without one): tilewise puts them in invented node(s) of the same id, memory unknown")
+    notes.append(note("note", text))
+    return pus, kept
+
+
+def _online_cpus(cpu_dir: Path, notes: list[dict]) -> tuple[int, ...]:
+    """The CPUs hwloc reads: cpu/online (an old kernel has none: every cpuN whose own online file
+    does not say 0), less those without a topology/ directory (offline CPUs of old kernels show one
+    without it), which hwloc skips; a note names them."""
+    online_text = _read_opt(cpu_dir / "online")
+    if online_text:
+        cpus = cpulist.parse(online_text, what=f"{cpu_dir}/online")
+    else:
+        found = sorted(int(m.group(1)) for d in cpu_dir.iterdir() if (m := re.fullmatch(r"cpu(\d+)", d.name)))
+        cpus = tuple(c for c in found if _read_opt(cpu_dir / f"cpu{c}" / "online") != "0")
+    bare = [c for c in cpus if not (cpu_dir / f"cpu{c}" / "topology").is_dir()]
+    if bare and len(bare) < len(cpus):
+        notes.append(note("note", f"CPUs {cpulist.format(bare)} have no topology/ directory (offline CPUs of a kernel "
+                                  "without cpu/online show one without it): left out, as hwloc leaves them out"))
+        cpus = tuple(c for c in cpus if c not in bare)
+    elif bare:
+        raise UsageError(f"{cpu_dir / f'cpu{bare[0]}' / 'topology'} is missing (and every CPU's)",
+                         "is this a copy of /sys/devices/system?")
+    if not cpus:
+        raise UsageError(f"no CPUs found under {cpu_dir}")
+    return tuple(cpus)
+
+
 def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_path: str | None = None) -> Topology:
     base = resolve_root(root)
     # the machine's /proc: this one's for /sys/devices/system, a saved tree's own (hwloc-gather-topology
@@ -216,14 +347,10 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
         meminfo_path = str(proc / "meminfo") if proc is not None and (proc / "meminfo").is_file() else "/proc/meminfo"
     compute_units = amd_compute_units(proc, os.uname().machine if proc == Path("/proc") else None)
     cpu_dir = base / "cpu"
-    online_text = _read_opt(cpu_dir / "online")
-    if online_text:
-        cpus = cpulist.parse(online_text, what=f"{cpu_dir}/online")
-    else:
-        cpus = tuple(sorted(int(m.group(1)) for d in cpu_dir.iterdir() if (m := re.fullmatch(r"cpu(\d+)", d.name))))
-    if not cpus:
-        raise UsageError(f"no CPUs found under {cpu_dir}")
     notes: list[dict] = []
+    allowed_nodes = None
+    distances_source = None
+    cpus = _online_cpus(cpu_dir, notes)
 
     # NUMA nodes (a kernel without NUMA has no node/ directory: one node holds everything).
     cpu_node, raw_nodes, distances, caches = _read_nodes(base, cpus, notes)
@@ -242,16 +369,29 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
     core_ids: dict[int, int | None] = {}
     split_cores: list[int] = []
     distinct_ids: list[int] = []  # thread siblings with distinct core ids kept as one core (not AMD CUs)
+    groups_of_os: dict[int, set] = {}  # physical_package_id -> the package_cpus groups carrying it
     for c in cpus:
         topo = cpu_dir / f"cpu{c}" / "topology"
-        if not topo.is_dir():
-            raise UsageError(f"{topo} is missing", "is this a copy of /sys/devices/system?")
+        pkg_set = _cpus(topo, "package_cpus") or _cpus(topo, "core_siblings")
+        pkg_os = _int_opt(topo / "physical_package_id")
+        if pkg_set is not None and pkg_os is not None and pkg_os >= 0:
+            groups_of_os.setdefault(pkg_os, set()).add(min((x for x in pkg_set if x in online), default=c))
+    shared_os = sorted(k for k, g in groups_of_os.items() if len(g) > 1)
+    for c in cpus:
+        topo = cpu_dir / f"cpu{c}" / "topology"
         pkg_os = _int_opt(topo / "physical_package_id")
         pkg_set = _cpus(topo, "package_cpus") or _cpus(topo, "core_siblings")
         if pkg_set is not None:
             # as hwloc: a package is a package_cpus group; its OS index is physical_package_id
-            # unless that is missing or -1 (s390, some VMs)
-            pkg = pkg_os if pkg_os is not None and pkg_os >= 0 else ("mask", min((x for x in pkg_set if x in online), default=c))
+            # unless that is missing or -1 (s390, some VMs); an index several groups carry
+            # (Itanium) is kept on each of them
+            first = min((x for x in pkg_set if x in online), default=c)
+            if pkg_os is None or pkg_os < 0:
+                pkg = ("mask", first)
+            elif pkg_os in shared_os:
+                pkg = ("shared", pkg_os, first)
+            else:
+                pkg = pkg_os
         else:
             pkg = pkg_os if pkg_os is not None and pkg_os >= 0 else None
         core_id = core_ids[c] if c in core_ids else _int_opt(topo / "core_id")
@@ -282,8 +422,6 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
                     l3_key = ("l3", shared)
                     l3_sizes[l3_key] = _size(_read_opt(idx / "size") or "0")
                     break
-        if c not in cpu_node:
-            raise UsageError(f"cpu{c} is online but in no NUMA node's cpulist under {base / 'node'}")
         pus.append(RawPU(c, pkg, core_key, core_id if core_id is not None else c, cpu_node[c], l3_key))
     if split_cores:
         notes.append(note("note", f"CPUs {cpulist.format(split_cores)} are thread siblings with distinct core ids "
@@ -302,16 +440,40 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
                                   "(hwloc shows none)"))
     if any(p.core_key is None for p in pus):
         notes.append(note("note", "no thread_siblings/core_cpus: one core per CPU is invented (hwloc shows no cores)"))
-    if any(isinstance(p.package, tuple) for p in pus):
+    if any(isinstance(p.package, tuple) and p.package[0] == "mask" for p in pus):
         notes.append(note("note", "physical_package_id is missing or -1: packages are the package_cpus/core_siblings "
                                   "groups, OS index unknown, as hwloc reads them"))
+    if shared_os:
+        notes.append(note("note", f"physical_package_id {cpulist.format(shared_os)} is carried by several distinct "
+                                  "package_cpus/core_siblings groups (Itanium): each group is a package with that OS "
+                                  "index, as hwloc reads them (numbered apart here)"))
+    if proc is not None and proc != Path("/proc") and allowed_cpus is None:
+        # a saved tree: the restriction of the process that saved it, as hwloc applies it (this
+        # machine's own is the caller's: load_live passes its affinity)
+        cpus_ok, mems_ok, where = tree_restriction(proc.parent)
+        if where:
+            before = [n.id for n in raw_nodes]
+            pus, raw_nodes = _restrict(pus, raw_nodes, cpus_ok, mems_ok, where, notes)
+            if distances is not None:  # as hwloc: the matrix of the allowed nodes; 10/20 for an invented one
+                pos = {nid: k for k, nid in enumerate(before)}
+                real = [n.id for n in raw_nodes if not n.invented]
+                distances = None if len(real) < 2 else [
+                    [distances[pos[a.id]][pos[b.id]] if not (a.invented or b.invented) else (10 if a.id == b.id else 20)
+                     for b in raw_nodes] for a in raw_nodes]
+                if distances is not None and len(real) < len(raw_nodes):
+                    distances_source = "partial"
+                    notes.append(note("note", "distances to invented node(s) "
+                                              f"{cpulist.format([n.id for n in raw_nodes if n.invented])} are not "
+                                              "hwloc's (their node is not allowed): 10/20 shown for them"))
+            allowed_nodes = sorted(mems_ok) if mems_ok is not None else None
     sys_root = pci.sysfs_root_of(base)
     devices = pci.read_sysfs(sys_root) if sys_root is not None else []
     # the firmware's memory figures (HMAT) and the kernel's memory tiers, as hwloc memattrs
     fw = firmware.read(base.parent.parent)
     memattrs = firmware.to_memattrs(fw, {n.id: tuple(n.cpus) for n in raw_nodes})
     return build(pus, raw_nodes, distances=distances, l3_sizes=l3_sizes, source=f"sysfs:{root}",
-                 allowed_cpus=allowed_cpus, memory_caches=caches, notes=notes, devices=devices, memattrs=memattrs)
+                 allowed_cpus=allowed_cpus, memory_caches=caches, notes=notes, devices=devices, memattrs=memattrs,
+                 allowed_nodes=allowed_nodes, distances_source=distances_source)
 
 
 def _memory_kind(base: Path, nid: int) -> str:

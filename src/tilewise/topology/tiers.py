@@ -230,6 +230,11 @@ def classify(t: Topology, *, measured: Measured | None = None, firmware: Firmwar
             out.append(NodeTier(n.id, "near", ktier, None, None, None, "it has CPUs",
                                 f"node {n.id} has CPUs {cpulist.format(n.cpus)}: their local memory"))
             continue
+        if n.restricted_away:  # its CPUs exist but are not allowed here: ordinary memory, never a tier
+            out.append(NodeTier(n.id, "near", ktier, None, None, None, "its CPUs are not allowed here",
+                                f"node {n.id}'s CPUs {cpulist.format(n.hidden_cpus)} are not allowed here (a cgroup "
+                                "or a restricted export): their local memory, not a far tier"))
+            continue
         near = nearest_initiators(t, n.id, measured=measured, firmware=firmware)
         i = near.initiators[0]
         got = _pair(measured, firmware, i, n.id)

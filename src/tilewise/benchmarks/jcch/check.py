@@ -11,12 +11,15 @@ deviations of the sample it was measured on when that is wider (small SF, per-ye
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 
+from tilewise.benchmarks.jcch import refresh
 from tilewise.benchmarks.jcch import rules as J
 from tilewise.benchmarks.spec import DataCheck
+from tilewise.benchmarks.tpch import refresh as tpch_refresh
 from tilewise.benchmarks.tpch.data import TABLES
-from tilewise.data import table_paths
+from tilewise.data import Dataset, table_paths
 
 REL_TOL = 0.01
 SIGMAS = 4.0
@@ -85,6 +88,8 @@ def run(d: str | Path, sf: float) -> list[DataCheck]:
                 "anti join partsupp on l_partkey = ps_partkey and l_suppkey = ps_suppkey"), 0)
     c.inv("I2.partsupp_unique", "duplicate (ps_partkey, ps_suppkey)",
           c.one("select count(*) - count(distinct (ps_partkey, ps_suppkey)) from partsupp"), 0)
+
+    _refresh_keys(c, Path(d), sf)
 
     # ---- 3. partsupp rows per part
     per_part = dict(c.q("select n, count(*) from (select count(*) n from partsupp group by ps_partkey) group by n"))
@@ -252,6 +257,27 @@ def run(d: str | Path, sf: float) -> list[DataCheck]:
                  f"{lo:.4f}..{hi:.4f}", f"0.1886..0.1893 ({exp})", ok_lo and ok_hi)
     c.con.close()
     return c.out
+
+
+def _refresh_keys(c: _Checks, d: Path, sf: float) -> None:
+    """Refresh set 1 (JCC-H's rule, generated into a scratch folder, the data's own untouched) keeps
+    every key: its lines' (part, supplier) pairs are partsupp rows, its orders' customers exist, its
+    lines belong to its orders, and its order keys are new."""
+    with tempfile.TemporaryDirectory(prefix="tilewise-jcch-check-") as tmp:
+        tpch_refresh.generate(Dataset.at(d, benchmark="jcch", sf=sf), 1, Path(tmp), refresh.REFRESH.rule)
+        c.con.execute(f"create temp view rf_orders as select * from read_parquet('{Path(tmp) / 'orders.parquet'}')")
+        c.con.execute(f"create temp view rf_lineitem as select * from read_parquet('{Path(tmp) / 'lineitem.parquet'}')")
+        c.inv("I2.refresh_lineitem_partsupp", "RF1 set 1: (l_partkey, l_suppkey) pairs missing from partsupp",
+              c.one("select count(*) from rf_lineitem anti join partsupp on l_partkey = ps_partkey "
+                    "and l_suppkey = ps_suppkey"), 0)
+        c.inv("I2.refresh_orders_customer", "RF1 set 1: orders whose o_custkey is not a customer",
+              c.one("select count(*) from rf_orders anti join customer on o_custkey = c_custkey"), 0)
+        c.inv("I2.refresh_lineitem_orders", "RF1 set 1: lineitems whose order is not in the set",
+              c.one("select count(*) from rf_lineitem anti join rf_orders on l_orderkey = o_orderkey"), 0)
+        c.inv("I2.refresh_new_orderkeys", "RF1 set 1: order keys already loaded",
+              c.one("select count(*) from rf_orders semi join orders using (o_orderkey)"), 0)
+        c.con.execute("drop view rf_orders")
+        c.con.execute("drop view rf_lineitem")
 
 
 def failed(results: list[DataCheck]) -> list[DataCheck]:

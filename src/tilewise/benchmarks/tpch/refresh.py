@@ -25,13 +25,16 @@ to dbgen's update files. Sets are cached beside the data (``<sf dir>/refresh/set
 lineitem and delete keys as Parquet with the loaded tables' exact column types, plus a manifest),
 written to a temporary directory and renamed into place, one generator per set at a time.
 
-REFRESH is this module as the benchmark contract's Refresh (tilewise.benchmarks.spec); JCC-H uses
-it too (its tables have TPC-H's schema and sizes).
+REFRESH is this module as the benchmark contract's Refresh (tilewise.benchmarks.spec). JCC-H's
+refresh (tilewise.benchmarks.jcch.refresh) is the same functions over the same schema with its own
+Rule: its tag and the rule that gives a new lineitem its part and supplier (JCC-H's partsupp holds
+other pairs than TPC-H's bridge), so its sets keep every key of its data.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +53,27 @@ CURRENT = _dt.date(1995, 6, 17)
 PRIORITIES = ("1-URGENT", "2-HIGH", "3-MEDIUM", "4-NOT SPECIFIED", "5-LOW")
 INSTRUCTIONS = ("DELIVER IN PERSON", "COLLECT COD", "NONE", "TAKE BACK RETURN")
 MODES = ("REG AIR", "AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB")
+
+
+def tpch_line_keys(sf: float, part_draw, supp_draw, customers):
+    """TPC-H's part-supplier bridge (dbgen's PART_SUPP_BRIDGE): a line's part is the uniform draw,
+    its supplier the supp_draw-th (0-3) of the part's four suppliers. numpy arrays in and out."""
+    suppliers = max(1, int(10_000 * sf))
+    return part_draw, (part_draw + supp_draw * (suppliers // 4 + (part_draw - 1) // suppliers)) % suppliers + 1
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What makes one benchmark's update sets: the tag that keys their cache and the references of
+    states after them (bump it when generated values change), and the line-key rule:
+    line_keys(sf, part_draw, supp_draw, line_customers) -> (l_partkey, l_suppkey) as numpy arrays."""
+
+    generator: str
+    title: str
+    line_keys: Callable
+
+
+TPCH = Rule(GENERATOR, "TPC-H", tpch_line_keys)
 
 
 def mk_sparse(i, seq: int):
@@ -111,8 +135,8 @@ def _set_dir(dataset: Dataset, k: int) -> Path:
 SET_TABLES = ("orders", "lineitem", "delete")
 
 
-def _load(d: Path, k: int) -> RefreshSet | None:
-    if not store.is_valid(d, GENERATOR, SET_TABLES):
+def _load(d: Path, k: int, rule: Rule) -> RefreshSet | None:
+    if not store.is_valid(d, rule.generator, SET_TABLES):
         return None
     man = store.read_manifest(d) or {}
     if man.get("set") != k:
@@ -120,7 +144,7 @@ def _load(d: Path, k: int) -> RefreshSet | None:
     return RefreshSet(k, d, man["tables"]["orders"]["rows"], man["tables"]["lineitem"]["rows"])
 
 
-def ensure_sets(dataset: Dataset, count: int, *, log=None) -> list[RefreshSet]:
+def ensure_sets(dataset: Dataset, count: int, *, log=None, rule: Rule = TPCH) -> list[RefreshSet]:
     """Update sets 1..count of `dataset`, generated (and cached) where missing, through the data
     cache (data.store: built in a temporary directory under a lock, renamed into place)."""
     for k in range(1, count + 1):
@@ -128,16 +152,17 @@ def ensure_sets(dataset: Dataset, count: int, *, log=None) -> list[RefreshSet]:
     out = []
     for k in range(1, count + 1):
         d = _set_dir(dataset, k)
-        rs = _load(d, k)
+        rs = _load(d, k, rule)
         if rs is None:
             try:
-                store.ensure(d, GENERATOR, lambda tmp, k=k: {"set": k, "sf": dataset.sf, **generate(dataset, k, tmp)},
-                             what=f"TPC-H refresh set {k} ({orders_per_set(dataset.sf)} orders)", log=log,
+                store.ensure(d, rule.generator,
+                             lambda tmp, k=k: {"set": k, "sf": dataset.sf, **generate(dataset, k, tmp, rule)},
+                             what=f"{rule.title} refresh set {k} ({orders_per_set(dataset.sf)} orders)", log=log,
                              tables=SET_TABLES)
             except OSError as e:
                 raise UsageError(f"cannot write refresh data under {d.parent}: {e.strerror or e}",
                                  "pass --data-dir DIR") from None
-            rs = _load(d, k)
+            rs = _load(d, k, rule)
             if rs is None:
                 raise TilewiseError(f"refresh set {k} could not be generated in {d}")
         out.append(rs)
@@ -154,7 +179,7 @@ def _sample_comments(path: Path, column: str, rng, n: int) -> list[str]:
     return [pool[i] for i in rng.integers(0, len(pool), n)]
 
 
-def generate(dataset: Dataset, k: int, out_dir: Path) -> dict:
+def generate(dataset: Dataset, k: int, out_dir: Path, rule: Rule = TPCH) -> dict:
     """Write update set k of `dataset` into out_dir (orders, lineitem, delete as Parquet)."""
     import numpy as np
     import pyarrow as pa
@@ -167,7 +192,6 @@ def generate(dataset: Dataset, k: int, out_dir: Path) -> dict:
     rng = np.random.default_rng(k)
     customers = max(1, int(150_000 * sf))
     parts = max(1, int(200_000 * sf))
-    suppliers = max(1, int(10_000 * sf))
     clerks = max(int(1000 * sf), 1000)
 
     okey = mk_sparse(rows, 1)
@@ -185,9 +209,7 @@ def generate(dataset: Dataset, k: int, out_dir: Path) -> dict:
     qty = rng.integers(1, 51, m)
     disc = rng.integers(0, 11, m)  # hundredths
     tax = rng.integers(0, 9, m)
-    partkey = rng.integers(1, parts + 1, m)
-    supp_i = rng.integers(0, 4, m)
-    suppkey = (partkey + supp_i * (suppliers // 4 + (partkey - 1) // suppliers)) % suppliers + 1
+    partkey, suppkey = rule.line_keys(sf, rng.integers(1, parts + 1, m), rng.integers(0, 4, m), cust[l_order])
     rprice = 90000 + ((partkey // 10) % 20001) + 100 * (partkey % 1000)  # pennies
     eprice = rprice * qty  # pennies
     ship = odate_days[l_order] + rng.integers(1, 122, m)
@@ -284,20 +306,21 @@ class State(data_refresh.DataState):
 
     inserted: tuple[int, ...] = ()
     deleted: tuple[int, ...] = ()
+    generator: str = GENERATOR  # the Rule's tag: states after other sets have other answers
     changed = ("orders", "lineitem")
 
     @property
     def key(self) -> str:
         if not self.inserted and not self.deleted:
             return "loaded"
-        return (f"{GENERATOR.replace('/', '-')}_i{'-'.join(map(str, self.inserted)) or 'none'}"
+        return (f"{self.generator.replace('/', '-')}_i{'-'.join(map(str, self.inserted)) or 'none'}"
                 f"_d{'-'.join(map(str, self.deleted)) or 'none'}")
 
     def after(self, function: str, k: int) -> State:
         if function == "RF1":
-            return State(tuple(sorted({*self.inserted, k})), self.deleted)
+            return State(tuple(sorted({*self.inserted, k})), self.deleted, self.generator)
         if function == "RF2":
-            return State(self.inserted, tuple(sorted({*self.deleted, k})))
+            return State(self.inserted, tuple(sorted({*self.deleted, k})), self.generator)
         raise ValueError(f"unknown refresh function {function!r}")
 
     def describe(self) -> str:
@@ -324,20 +347,25 @@ class State(data_refresh.DataState):
         return files, sql
 
 
-class _Refresh(Refresh):
+class TpchRefresh(Refresh):
+    """RF1/RF2 over TPC-H's schema, with a benchmark's Rule."""
+
     functions = FUNCTIONS
     restore = ("after each run the refresh functions are undone outside the timed region (RF1's rows deleted, "
                "RF2's rows inserted again from the loaded data), so every run starts from the loaded data and "
                "reuses update sets 1..N")
 
+    def __init__(self, rule: Rule = TPCH) -> None:
+        self.rule = rule
+
     def ensure_sets(self, dataset: Dataset, count: int, *, log=None) -> list[RefreshSet]:
-        return ensure_sets(dataset, count, log=log)
+        return ensure_sets(dataset, count, log=log, rule=self.rule)
 
     def loaded(self) -> State:
-        return State()
+        return State(generator=self.rule.generator)
 
     def describe(self, sf: float) -> dict:
-        return {"generator": GENERATOR, "orders_per_set": orders_per_set(sf)}
+        return {"generator": self.rule.generator, "orders_per_set": orders_per_set(sf)}
 
 
-REFRESH = _Refresh()
+REFRESH = TpchRefresh()

@@ -83,7 +83,7 @@ def failure(log_text: str) -> tuple[str, str] | None:
         return (f"it cannot use its data directory ({fatal[0] if fatal else 'permission denied'})",
                 f"set {DIR_VAR} to a directory the server's user can write")
     if fatal:
-        return (fatal[0], "see the server's log")
+        return (fatal[0], "")  # the caller names the log
     return None
 
 
@@ -242,7 +242,8 @@ class PostgresServers(ProcessCluster):
             if why is None:
                 raise
             who = "the loader" if m.instance is None else f"instance {m.instance}"
-            raise PostgresError(f"PostgreSQL ({who}) did not start: {why[0]}", why[1]) from None
+            raise PostgresError(f"PostgreSQL ({who}) did not start: {why[0]}",
+                                why[1] or f"see its log (kept): {m.log}") from None
 
     def _connect(self, m: Member, dbname: str = settings.DATABASE, timeout_s: float = 30.0):
         import psycopg

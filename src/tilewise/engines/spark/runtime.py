@@ -263,6 +263,9 @@ class SparkCluster(ProcessCluster):
             "spark.sql.shuffle.partitions": str(cores),
             "spark.default.parallelism": str(cores),
             "spark.sql.session.timeZone": "UTC",
+            # inside the run's working directory, which restore removes: never a spark-warehouse
+            # folder in the user's current directory
+            "spark.sql.warehouse.dir": str(self.root / "warehouse"),
         }
         conf.update(self.extra_conf)
         return conf

@@ -63,6 +63,7 @@ REGISTRY = Registry("results kind", "tilewise.results", {
     "probe.bandwidth": f"{_K}.pairs:BANDWIDTH",
     "probe.stream": f"{_K}.stream",
     "probe.memory": f"{_K}.memory",
+    "probe.exchange": f"{_K}.exchange",
     "workload": f"{_K}.workload",
     "tune": f"{_K}.tune",
     "tune.engine": f"{_K}.tune_engine",
