@@ -21,6 +21,7 @@ REGISTRY: Registry[EngineSpec] = Registry("engine", "tilewise.engines", {
     "trino": "tilewise.engines.trino",
     "postgres": "tilewise.engines.postgres",
     "clickhouse": "tilewise.engines.clickhouse",
+    "tiles": "tilewise.engines.tiles",
 })
 # the engine a command uses when none is named: benchmarks run embedded DuckDB; `up` starts the
 # distributed engine users most often connect their own jobs to

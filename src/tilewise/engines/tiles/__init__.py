@@ -1,0 +1,51 @@
+"""tiles: bound DataFusion workers that cooperate on one query (issue 30), on datafusion-distributed.
+
+A coordinator (an Arrow Flight SQL endpoint that plans every statement with the distributed
+planner) and one worker per plan instance, each a bound process of the native binary
+(native/tiles, built by `tilewise engines install tiles` into the cache, build.py). The workers
+cooperate on every query through the crate's exchange (shuffles, coalesces, broadcasts across
+network boundaries); clients connect with ADBC (`adbc-driver-flightsql`) or JDBC.
+
+Work in progress on the `tiles` branch (docs/tiles.md): the transports under one flag (shm rings on
+the receiving tile's node, Unix sockets, TCP), the data partitioned by file affinity, and `join`
+come next; today the exchange is the crate's gRPC over TCP.
+"""
+
+from __future__ import annotations
+
+from tilewise.engines.contract import Capabilities, EngineSpec
+from tilewise.engines.tiles import build
+from tilewise.parts import Part
+
+PART = Part("tiles", extra="tiles", group="engines", size="about 1.1 GB of build cache, a 110 MB binary",
+            what="the tiles engine: datafusion-distributed workers bound per tile, a Flight SQL coordinator")
+
+
+def version() -> str:
+    return f"tilewise-tiles ({build.source_key()}) on datafusion-distributed 4.0"
+
+
+def install_step(version: str | None = None, progress=None, keep_download: bool = False) -> dict:
+    doc = build.build(message=(progress.message if progress is not None else lambda s: None))
+    doc["engine"] = "tiles"
+    doc["notes"] = [f"tilewise-tiles: {doc['binary']}" + (f" (built in {doc['seconds']} s)" if doc.get("built") else
+                                                          " (already built for these sources)")]
+    return doc
+
+
+SPEC = EngineSpec(
+    name="tiles",
+    title="tiles",
+    summary="a Flight SQL coordinator + one bound DataFusion worker per instance (datafusion-distributed; "
+            "they cooperate on every query)",
+    runtime="tilewise.engines.tiles.runtime:TilesCluster",
+    capabilities=Capabilities(replicas=False, refresh=False, join=False, reads=("parquet",)),
+    missing=build.missing,
+    version=version,
+    part=PART,
+    install=install_step,
+    install_help="builds native/tiles with cargo into the cache (about 20 min the first time on 2 cores)",
+    endpoint_label="coordinator",
+    # scan_split: not stated yet (the crate's file-group assignment to tasks is to be modelled with
+    # the file-affinity routing)
+)

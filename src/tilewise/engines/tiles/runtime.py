@@ -1,0 +1,163 @@
+"""The tiles runtime: one bound worker per plan instance and a Flight SQL coordinator, all processes
+of the native binary (build.py).
+
+Workers start first (`tilewise-tiles worker --listen HOST:PORT`, bound to their instance's CPUs and
+memory policy); the coordinator (`tilewise-tiles serve`) gets their URLs and the data set's tables
+and shares the CPUs of the instance local to the NIC (instance 0 on loopback), as Trino's does.
+Queries go to the coordinator over Arrow Flight SQL (ADBC); the distributed planner splits every
+statement into stages over the workers. Answers keep DataFusion's Arrow types (decimals as Decimal,
+dates as datetime.date); the reference is DataFusion too, so they compare exactly.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from tilewise import nic
+from tilewise.binding import Binding
+from tilewise.engines.contract import QueryResult
+from tilewise.engines.procgroup import ClusterError, Member, ProcessCluster, free_port
+from tilewise.engines.tiles import SPEC, build
+from tilewise.errors import TilewiseError, UsageError
+from tilewise.plan import Plan
+
+LISTENING_RE = re.compile(r"listening on (\S+)")
+READY_TIMEOUT_S = 60.0
+
+
+class TilesError(ClusterError):
+    pass
+
+
+def table_paths(dataset) -> list[tuple[str, str]]:
+    """(table, path) per table for the coordinator: its one Parquet file, or the directory holding all
+    of a layout's files for it (DataFusion lists a directory as one table)."""
+    out = []
+    for name, src in sorted(dataset.table_sources().items()):
+        if src.format != "parquet":
+            raise UsageError(f"tiles reads Parquet only; table {name} is {src.format}", "use a Parquet layout")
+        if len(src.files) == 1:
+            out.append((name, src.files[0]))
+            continue
+        parents = {str(Path(f).parent) for f in src.files}
+        if len(parents) != 1 or sorted(p.name for p in Path(next(iter(parents))).glob("*.parquet")) != sorted(
+                Path(f).name for f in src.files):
+            raise UsageError(f"table {name}: its {len(src.files)} files are not the whole of one directory",
+                             "tiles reads a table's files as one directory")
+        out.append((name, next(iter(parents)) + "/"))
+    return out
+
+
+class TilesCluster(ProcessCluster):
+    """Start/inspect/stop the workers and the coordinator; query the coordinator (Flight SQL)."""
+
+    spec = SPEC
+    error_cls = TilesError
+    STOP_ORDER = {"coordinator": 1, "worker": 2}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._conn = None
+
+    @classmethod
+    def check_installed(cls) -> None:
+        why = build.missing()
+        if why:
+            raise TilesError(f"the tiles engine cannot run here: {why}")
+
+    # -- start --
+    def start(self, plan: Plan, *, dataset=None, allocator: str = "system", memory_mb=None, coordinator_mb=None,
+              join=None, log=None, placement=None) -> None:
+        self.check_installed()
+        try:
+            self._begin(plan, dataset, memory_mb, join)
+            exe = str(build.binary_path())
+            urls = []
+            for inst in plan.instances:
+                port = free_port(self.host)
+                m = self._spawn("worker", inst.id, [exe, "worker", "--listen", f"{self.host}:{port}"],
+                                Binding.from_instance(inst, allocator), cores=len(inst.cpus),
+                                extra={"port": port})
+                self._verify_started(m)
+                urls.append(f"http://{self.host}:{port}")
+                if log:
+                    log(f"worker {inst.id} started: pid {m.pid}, {m.binding.describe()}")
+            for m in self.workers():
+                self.wait_log(m, LISTENING_RE, READY_TIMEOUT_S, "listen")
+            cport = free_port(self.host)
+            self.placement = placement or nic.place_coordinator(plan, *nic.detect(self.host))
+            inst = self.placement.coordinator
+            argv = [exe, "serve", "--listen", f"{self.host}:{cport}", "--workers", ",".join(urls)]
+            if dataset is not None:
+                for name, path in table_paths(dataset):
+                    argv += ["--table", f"{name}={path}"]
+            b = Binding.from_instance(inst, allocator) if inst is not None else Binding(None)
+            m = self._spawn("coordinator", None, argv, b, cores=len(inst.cpus) if inst else 0, extra={"port": cport})
+            self._verify_started(m)
+            self.endpoint = f"grpc://{self.host}:{cport}"
+            self.wait_log(m, LISTENING_RE, READY_TIMEOUT_S, "listen")
+            self._sql("SELECT 1")
+            if log:
+                log(f"coordinator (Flight SQL) at {self.endpoint}: pid {m.pid}, {b.describe()}")
+        except BaseException:
+            if not self.detach:
+                self.stop()
+            raise
+
+    # -- queries --
+    def _connection(self):
+        if self._conn is None:
+            import adbc_driver_flightsql.dbapi as flightsql
+
+            self._conn = flightsql.connect(self.endpoint, autocommit=True)
+        return self._conn
+
+    def _sql(self, sql: str, timeout_s: float | None = None):
+        import warnings
+
+        t0 = time.monotonic()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cur = self._connection().cursor()
+                try:
+                    cur.execute(sql)
+                    table = cur.fetch_arrow_table()
+                finally:
+                    cur.close()
+        except Exception as e:  # noqa: BLE001 - the driver raises several types; one error line for the CLI
+            self.check_alive("run a query")
+            raise TilewiseError(f"tiles query failed: {' '.join(str(e).split())[:600]}") from None
+        return table, time.monotonic() - t0
+
+    def run_query(self, sql: str, *, instance: int | None = None, timeout_s: float | None = None) -> QueryResult:
+        self._check_whole_cluster(instance)
+        if self._stopped or not self.endpoint:
+            raise TilewiseError("the tiles engine is not started")
+        table, elapsed = self._sql(sql, timeout_s)
+        cols = [c.to_pylist() for c in table.columns]
+        return QueryResult(table.column_names, list(zip(*cols)) if cols else [], elapsed, -1)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001 - a connection to a server that is gone
+                pass
+            self._conn = None
+
+    # -- inspection --
+    def info(self, instance: int) -> dict:
+        m = self.worker(instance)
+        return {} if m is None else {"threads": m.cores, "pid": m.pid}
+
+    def instance_extra(self, d: dict) -> dict:
+        return {"coordinator": self.endpoint}
+
+    def connect_hints(self, state) -> list[str]:
+        return [f"coordinator: {self.endpoint} (Arrow Flight SQL)",
+                f"query: tilewise query --name {state.name} \"SELECT ...\"",
+                "   or: python -c \"import adbc_driver_flightsql.dbapi as f; c = f.connect('"
+                f"{self.endpoint}').cursor(); c.execute('SELECT 1'); print(c.fetch_arrow_table())\""]
