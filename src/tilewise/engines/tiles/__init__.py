@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.tiles import build
+from tilewise.engines.tiles.dialect import dialect
 from tilewise.parts import Part
 
 PART = Part("tiles", extra="tiles", group="engines", size="about 1.1 GB of build cache, a 110 MB binary",
@@ -45,6 +46,7 @@ SPEC = EngineSpec(
     part=PART,
     install=install_step,
     install_help="builds native/tiles with cargo into the cache (about 20 min the first time on 2 cores)",
+    dialect=dialect,  # dialect.py: TPC-DS q66, as the reference rewrites it
     endpoint_label="coordinator",
     # scan_split: not stated yet (the crate's file-group assignment to tasks is to be modelled with
     # the file-affinity routing)
