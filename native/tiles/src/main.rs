@@ -13,6 +13,7 @@
 //! Work in progress on the `tiles` branch: the Flight SQL endpoint, the shm/unix exchange and the
 //! file-affinity routing come next (docs/tiles.md).
 mod flight;
+mod transport;
 
 use arrow::csv::WriterBuilder;
 use arrow_flight::flight_service_server::FlightServiceServer;
@@ -20,7 +21,12 @@ use async_trait::async_trait;
 use datafusion::common::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
-use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, Worker, WorkerResolver};
+use datafusion_distributed::{
+    DefaultSessionBuilder, DistributedExt, MappedWorkerSessionBuilderExt, SessionStateBuilderExt, Worker,
+    WorkerResolver,
+};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
 use futures::TryStreamExt;
 use std::error::Error;
 use std::net::SocketAddr;
@@ -57,14 +63,27 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
             _ => usage(),
         }
     }
-    let addr: SocketAddr = listen.unwrap_or_else(|| usage()).parse()?;
-    eprintln!("tilewise-tiles worker listening on {addr}");
-    Server::builder()
-        .add_service(Worker::default().into_worker_server())
-        .serve_with_shutdown(addr, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    let listen = listen.unwrap_or_else(|| usage());
+    // workers read each other's shuffle outputs: they resolve URLs through the same transports
+    let worker = Worker::from_session_builder(DefaultSessionBuilder.map(|b: SessionStateBuilder| {
+        Ok(b.with_distributed_channel_resolver(transport::TileResolver::default()).build())
+    }));
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    if let Some(path) = listen.strip_prefix("unix:") {
+        let _ = std::fs::remove_file(path);
+        let incoming = UnixListenerStream::new(UnixListener::bind(path)?);
+        eprintln!("tilewise-tiles worker listening on unix:{path}");
+        Server::builder()
+            .add_service(worker.into_worker_server())
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await?;
+    } else {
+        let addr: SocketAddr = listen.parse()?;
+        eprintln!("tilewise-tiles worker listening on {addr}");
+        Server::builder().add_service(worker.into_worker_server()).serve_with_shutdown(addr, shutdown).await?;
+    }
     Ok(())
 }
 
@@ -110,6 +129,7 @@ impl Session {
         let mut builder = SessionStateBuilder::new()
             .with_default_features()
             .with_distributed_worker_resolver(Workers(self.workers.clone()))
+            .with_distributed_channel_resolver(transport::TileResolver::default())
             .with_distributed_planner();
         if let Some(b) = self.bytes_per_partition {
             builder = builder.with_distributed_file_scan_config_bytes_per_partition(b)?;
