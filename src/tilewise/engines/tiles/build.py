@@ -111,4 +111,19 @@ def build(message=lambda s: None) -> dict:
            "rustc": rustc_version()}
     (out / "build.json").write_text(json.dumps(doc, indent=2) + "\n")
     log.unlink(missing_ok=True)
+    doc["removed"] = prune(keep=KEEP)
     return doc
+
+
+KEEP = 2  # binaries kept: this one and the one before it (a branch switch back costs no rebuild)
+
+
+def prune(keep: int = KEEP) -> list[str]:
+    """Remove all but the `keep` newest binaries (each about 120 MB); cargo's target directory stays."""
+    built = sorted((d for d in cache_root().iterdir() if (d / "build.json").is_file()),
+                   key=lambda d: (d / "build.json").stat().st_mtime, reverse=True)
+    gone = []
+    for d in built[keep:]:
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(str(d))
+    return gone

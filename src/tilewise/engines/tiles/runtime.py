@@ -11,6 +11,7 @@ dates as datetime.date); the reference is DataFusion too, so they compare exactl
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -25,6 +26,17 @@ from tilewise.plan import Plan
 
 LISTENING_RE = re.compile(r"listening on (\S+)")
 READY_TIMEOUT_S = 60.0
+EXCHANGES = ("unix", "tcp")  # shm: next (docs/tiles.md)
+EXCHANGE_VAR = "TILEWISE_TILES_EXCHANGE"
+
+
+def exchange_choice(text: str | None, host: str) -> str:
+    """The transport between the tiles: given, else Unix sockets on one host (no TCP/IP stack)."""
+    if text is None:
+        return "unix"
+    if text not in EXCHANGES:
+        raise UsageError(f"{EXCHANGE_VAR}={text!r}: unknown exchange", f"use one of {', '.join(EXCHANGES)}")
+    return text
 
 
 class TilesError(ClusterError):
@@ -74,14 +86,19 @@ class TilesCluster(ProcessCluster):
         try:
             self._begin(plan, dataset, memory_mb, join)
             exe = str(build.binary_path())
+            self.exchange = exchange_choice(os.environ.get(EXCHANGE_VAR), self.host)
             urls = []
             for inst in plan.instances:
-                port = free_port(self.host)
-                m = self._spawn("worker", inst.id, [exe, "worker", "--listen", f"{self.host}:{port}"],
-                                Binding.from_instance(inst, allocator), cores=len(inst.cpus),
-                                extra={"port": port})
+                if self.exchange == "unix":
+                    sock = self.root / f"worker-{inst.id}.sock"
+                    listen, url, extra = f"unix:{sock}", f"unix://{sock}", {"socket": str(sock)}
+                else:
+                    port = free_port(self.host)
+                    listen, url, extra = f"{self.host}:{port}", f"http://{self.host}:{port}", {"port": port}
+                m = self._spawn("worker", inst.id, [exe, "worker", "--listen", listen],
+                                Binding.from_instance(inst, allocator), cores=len(inst.cpus), extra=extra)
                 self._verify_started(m)
-                urls.append(f"http://{self.host}:{port}")
+                urls.append(url)
                 if log:
                     log(f"worker {inst.id} started: pid {m.pid}, {m.binding.describe()}")
             for m in self.workers():
@@ -100,7 +117,8 @@ class TilesCluster(ProcessCluster):
             self.wait_log(m, LISTENING_RE, READY_TIMEOUT_S, "listen")
             self._sql("SELECT 1")
             if log:
-                log(f"coordinator (Flight SQL) at {self.endpoint}: pid {m.pid}, {b.describe()}")
+                log(f"coordinator (Flight SQL) at {self.endpoint}: pid {m.pid}, {b.describe()}; exchange between "
+                    f"the tiles: {self.exchange}")
         except BaseException:
             if not self.detach:
                 self.stop()
@@ -154,7 +172,7 @@ class TilesCluster(ProcessCluster):
         return {} if m is None else {"threads": m.cores, "pid": m.pid}
 
     def instance_extra(self, d: dict) -> dict:
-        return {"coordinator": self.endpoint}
+        return {"coordinator": self.endpoint, "exchange": getattr(self, "exchange", None)}
 
     def connect_hints(self, state) -> list[str]:
         return [f"coordinator: {self.endpoint} (Arrow Flight SQL)",
