@@ -13,6 +13,7 @@
 //! Work in progress on the `tiles` branch: the Flight SQL endpoint, the shm/unix exchange and the
 //! file-affinity routing come next (docs/tiles.md).
 mod flight;
+mod shm;
 mod transport;
 
 use arrow::csv::WriterBuilder;
@@ -71,7 +72,13 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    if let Some(path) = listen.strip_prefix("unix:") {
+    if let Some(path) = listen.strip_prefix("shm:") {
+        eprintln!("tilewise-tiles worker listening on shm:{path}");
+        Server::builder()
+            .add_service(worker.into_worker_server())
+            .serve_with_incoming_shutdown(shm::incoming(path)?, shutdown)
+            .await?;
+    } else if let Some(path) = listen.strip_prefix("unix:") {
         let _ = std::fs::remove_file(path);
         let incoming = UnixListenerStream::new(UnixListener::bind(path)?);
         eprintln!("tilewise-tiles worker listening on unix:{path}");

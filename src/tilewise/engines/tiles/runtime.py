@@ -26,7 +26,7 @@ from tilewise.plan import Plan
 
 LISTENING_RE = re.compile(r"listening on (\S+)")
 READY_TIMEOUT_S = 60.0
-EXCHANGES = ("unix", "tcp")  # shm: next (docs/tiles.md)
+EXCHANGES = ("shm", "unix", "tcp")
 EXCHANGE_VAR = "TILEWISE_TILES_EXCHANGE"
 
 
@@ -89,9 +89,10 @@ class TilesCluster(ProcessCluster):
             self.exchange = exchange_choice(os.environ.get(EXCHANGE_VAR), self.host)
             urls = []
             for inst in plan.instances:
-                if self.exchange == "unix":
+                if self.exchange in ("shm", "unix"):  # shm: the socket that sets the rings up
                     sock = self.root / f"worker-{inst.id}.sock"
-                    listen, url, extra = f"unix:{sock}", f"unix://{sock}", {"socket": str(sock)}
+                    x = self.exchange
+                    listen, url, extra = f"{x}:{sock}", f"{x}://{sock}", {"socket": str(sock)}
                 else:
                     port = free_port(self.host)
                     listen, url, extra = f"{self.host}:{port}", f"http://{self.host}:{port}", {"port": port}
