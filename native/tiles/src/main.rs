@@ -21,7 +21,7 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use async_trait::async_trait;
 use datafusion::common::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
-use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_distributed::{
     DefaultSessionBuilder, DistributedExt, MappedWorkerSessionBuilderExt, SessionStateBuilderExt, Worker,
     WorkerResolver,
@@ -133,7 +133,14 @@ impl Session {
     }
 
     async fn context(&self) -> Result<SessionContext, Box<dyn Error>> {
+        // at least 2 target partitions: with 1 (a coordinator bound to one CPU) DataFusion plans
+        // single-phase aggregates (AggregateExec mode=Single) and the distributed planner spreads
+        // them over tasks that each see part of the rows -- wrong answers (TPC-H q11, q15 at SF 1;
+        // datafusion-distributed 4.0). With 2 or more it plans partial + final aggregates.
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let config = SessionConfig::new().with_target_partitions(cores.max(2));
         let mut builder = SessionStateBuilder::new()
+            .with_config(config)
             .with_default_features()
             .with_distributed_worker_resolver(Workers(self.workers.clone()))
             .with_distributed_channel_resolver(transport::TileResolver::default())
