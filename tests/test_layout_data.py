@@ -229,3 +229,49 @@ def test_raw_and_parquet_read_the_same_rows(tmp_path):
     tbl = raw.discover(tmp_path / "tb")["t"]
     got = [sorted(duckdb.sql(f"SELECT * FROM {raw.scan_sql(s)}").fetchall()) for s in (csv, tbl)]
     assert got[0] == got[1] and len(got[0]) == 300
+
+
+# ---- what a user names: messages that say what is wrong (issue 31, class 4) --------------------------
+
+def test_a_one_column_csv_is_read_and_a_header_without_rows_is_named(tmp_path):
+    (tmp_path / "t.csv").write_text("a\n1\n2\n")
+    src = raw.discover(tmp_path)["t"]
+    assert src.header and src.column_types() == (("a", "int64"),)
+    (tmp_path / "t.csv").write_text("a,b\n")
+    with pytest.raises(UsageError, match="has a header line but no rows"):
+        raw.discover(tmp_path)
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: p.symlink_to(p.parent / "nowhere.csv"), "a dangling symbolic link"),
+    (lambda p: p.symlink_to(p), "a symbolic link loop"),
+    (lambda p: os.mkfifo(p), "a FIFO, not a table file"),
+])
+def test_a_table_name_that_is_no_regular_file_is_named(tmp_path, make, what):
+    make(tmp_path / "t.csv")
+    with pytest.raises(UsageError, match=what):
+        raw.discover(tmp_path)
+
+
+def test_a_short_row_is_named_by_its_line_not_called_a_missing_header(tmp_path):
+    from conftest import run_cli
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "t.csv").write_text("a,b\n1,2\n3\n")
+    assert raw.discover(d)["t"].header  # the header is there
+    (tmp_path / "q.sql").write_text("select count(*) from t;\n")
+    cp = run_cli("data", "layout", "--data", str(d), "--sql", str(tmp_path / "q.sql"), "--runs", "1", timeout=120)
+    assert cp.returncode != 0 and "line 3: expected 2 fields, found 1" in cp.stderr, cp.stderr
+    assert "header" not in cp.stderr and cp.stderr.count("Error:") == 1
+
+
+def test_an_empty_sysfs_source_and_a_layout_store_name_their_own_option(tmp_path):
+    from tilewise import topology
+    from tilewise.data import store
+
+    with pytest.raises(UsageError, match="sysfs: names no directory"):
+        topology.load("sysfs:")
+    with pytest.raises(UsageError, match="pass --layout-dir DIR"):
+        with store.locked(Path("/proc/nope/t/x"), "--layout-dir"):
+            pass

@@ -397,7 +397,8 @@ class Store:
             return man is not None and _valid(p, man, src)
 
         try:
-            store.ensure_dir(d, valid, build, what=f"table {src.table} as {copy.name}", log=hooks.log if hooks else None)
+            store.ensure_dir(d, valid, build, what=f"table {src.table} as {copy.name}", log=hooks.log if hooks else None,
+                             option="--layout-dir")
         except OSError as e:
             if _out_of_space(e):
                 raise TilewiseError(f"out of disk space in {self.root}", "free space there or pass --layout-dir DIR") from None

@@ -18,9 +18,11 @@ in-place views use it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -143,12 +145,30 @@ def _format_of(p: Path) -> str | None:
     return EXTENSIONS.get(p.suffix.lower())
 
 
+def _regular_or_refused(p: Path) -> None:
+    """A name that looks like a table but is no regular file or folder is named, never skipped: a
+    dangling symbolic link, a link loop, a FIFO, a socket, a device."""
+    if _format_of(p) is None and not p.is_symlink():
+        return
+    try:
+        st = p.stat()
+    except OSError as e:
+        what = ("a symbolic link loop" if e.errno == errno.ELOOP else
+                f"a dangling symbolic link (to {os.readlink(p)})" if p.is_symlink() else e.strerror)
+        raise UsageError(f"{p} is {what}", "point it at a table file, or remove it") from None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise UsageError(f"{p} is {kind}, not a table file", "give a regular .csv/.tbl/.json/.parquet file")
+
+
 def _candidates(d: Path) -> dict[str, tuple[str, list[Path]]]:
     """table -> (format, files) for every table file or table folder directly in d."""
     out: dict[str, tuple[str, list[Path]]] = {}
     for p in sorted(d.iterdir()):
         if p.name.startswith((".", "_")) or p.name in IGNORED:
             continue
+        _regular_or_refused(p)
         if p.is_file():
             fmt = _format_of(p)
             if fmt is None:
@@ -270,8 +290,19 @@ def _sniff(path: str) -> tuple[str, bool]:
     try:
         header = csv.Sniffer().has_header(sample)
     except csv.Error:
-        header = False
+        # the sniffer decides nothing on one column, or rows of uneven length: a first line whose
+        # fields are all names (not numbers) is a header, as a CSV table's first line must be
+        first = next(csv.reader([lines[0]], delimiter=delim), []) if lines else []
+        header = bool(first) and all(f.strip() and not _is_number(f) for f in first)
     return delim, header
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _infer_csv(t: str, files: tuple[str, ...]) -> TableSource:
@@ -279,6 +310,11 @@ def _infer_csv(t: str, files: tuple[str, ...]) -> TableSource:
     import pyarrow.csv as pcsv
 
     delim, header = _sniff(files[0])
+    with open(files[0], errors="replace") as f:
+        lines = [ln for _, ln in zip(range(2), (x for x in f if x.strip()))]
+    if header and len(lines) < 2:
+        raise UsageError(f"table {t}: {files[0]} has a header line but no rows",
+                         "add rows, or leave the table out")
     if not header:
         raise UsageError(f"table {t}: {files[0]} has no header line naming its columns",
                          f"add a header line, or list the columns in {SCHEMA}")

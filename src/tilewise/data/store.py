@@ -102,12 +102,12 @@ def ensure(target: Path, fmt: str, build: Callable[[Path], dict], *, what: str, 
     return ensure_dir(Path(target), lambda d: is_valid(d, fmt, tables), make, what=what, log=log)
 
 
-def locked(target: Path):
+def locked(target: Path, option: str = "--data-dir"):
     """Hold target's lock (a file beside it, in its parent directory) for the block; the file is
     removed after it (fsutil.locked_file), so a data folder keeps no lock file of a build; a
-    UsageError names the directory when it cannot be made."""
+    UsageError names the directory, and the option that chooses it, when it cannot be made."""
     def cannot(e: OSError) -> UsageError:
-        return UsageError(f"cannot use data directory {target.parent}: {e.strerror}", "pass --data-dir DIR")
+        return UsageError(f"cannot use directory {target.parent}: {e.strerror}", f"pass {option} DIR")
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +123,7 @@ def stale_builds(target: Path) -> list[Path]:
 
 
 def ensure_dir(target: Path, valid: Callable[[Path], bool], build: Callable[[Path], None], *, what: str,
-               log=None) -> Path:
+               log=None, option: str = "--data-dir") -> Path:
     """The directory target, built whole or not at all: when valid(target) fails, build(tmp) fills a
     temporary sibling which is then renamed into place; under a lock per target (a second builder
     waits and reuses), with what a killed builder left swept first. On any error or interrupt the
@@ -131,7 +131,7 @@ def ensure_dir(target: Path, valid: Callable[[Path], bool], build: Callable[[Pat
     target = Path(target)
     if valid(target):
         return target
-    with locked(target):  # one builder per target at a time; others wait and reuse
+    with locked(target, option):  # one builder per target at a time; others wait and reuse
         if valid(target):
             return target
         for old in stale_builds(target):  # a crashed builder's partial output: never read, removed

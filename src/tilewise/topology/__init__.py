@@ -28,6 +28,9 @@ def load(src: str | os.PathLike | None = None) -> Topology:
 
         return synthetic.load(s[len("synthetic:"):])
     if s.startswith("sysfs:"):
+        if not s[len("sysfs:"):].strip():
+            raise UsageError("--topology sysfs: names no directory",
+                             "give sysfs:DIR, DIR a copy of /sys/devices/system (or a tree holding sys/devices/system)")
         return sysfs.load(s[len("sysfs:"):])
     if s.startswith("xml:"):
         s = s[len("xml:"):]
