@@ -262,6 +262,7 @@ class Config:
     # what starts beside the deployment once it answers (cracking: layout.crack.start): (state, log);
     # when it fails, the deployment is stopped too
     background: Callable[[ClusterState, Callable[[str], None] | None], None] | None = None
+    exchange: str | None = None  # --exchange: the transport between cooperating tiles (the spec's choices)
 
 
 class Reporter:
@@ -284,6 +285,7 @@ def start(cfg: Config, reporter: Reporter | None = None) -> dict:
         check_address(join)
     per_mb = _worker_mb(spec, cfg.worker_memory)
     coord_mb = _coordinator_mb(spec, cfg.coordinator_memory)
+    exchange = spec.check_exchange(cfg.exchange)
     why = spec.missing()
     if why:
         raise TilewiseError(f"{spec.title} cannot run here: {why}")
@@ -298,7 +300,7 @@ def start(cfg: Config, reporter: Reporter | None = None) -> dict:
     dataset = cfg.dataset(log) if cfg.dataset is not None else None
     t0 = time.monotonic()
     st = up(p, engine=spec.name, name=cfg.name, allocator=cfg.allocator, worker_memory_mb=memory, join=join,
-            host=cfg.host, dataset=dataset, log=log, coordinator_mb=coord_mb)
+            host=cfg.host, dataset=dataset, log=log, coordinator_mb=coord_mb, exchange=exchange)
     try:  # all or nothing: until the caller has its status to say, a Ctrl-C or a failure stops it all
         if cfg.background is not None:
             cfg.background(st, log)  # what fails beside the deployment takes it down too
@@ -336,7 +338,7 @@ def _coordinator_mb(spec: EngineSpec, text: str | None) -> int | None:
 
 def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: dict[int, int] | None = None,
        join: str | None = None, host: str | None = None, dataset=None, log=None,
-       coordinator_mb: int | None = None) -> ClusterState:
+       coordinator_mb: int | None = None, exchange: str | None = None) -> ClusterState:
     """Start a detached, bound cluster (or, with join, only workers for a coordinator elsewhere) and
     record it. On any failure or interrupt: stop all, remove."""
     spec = engines.get(engine)
@@ -369,6 +371,7 @@ def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: 
                           endpoint=None, joined=bool(join), data=record_of(dataset))
         save(st)  # recorded before anything starts: `down` can always clean up
         cl = cls(root, st.token, host=h, detach=True)
+        cl.exchange = exchange
         # every process is journaled in a change session before it starts: if `up` itself is killed
         # half way, `tilewise restore` stops what it had started; on success the session is committed
         # (the cluster stays on purpose; `down` stops it from the state file)

@@ -87,6 +87,7 @@ class Config:
     data_seed: int = 0  # seed of the data generator, where it takes one
     inject_wrong: tuple[QueryId, ...] = ()  # test hook: corrupt these queries' answers before validation
     worker_memory: str | None = None  # the engine's memory knob per worker (its spec's capabilities.memory), e.g. 2g
+    exchange: str | None = None  # --exchange: the transport between cooperating tiles (its spec's exchanges)
     mem_variants: tuple[str, ...] = ()  # the far-memory study: near, far, interleave, weighted (bench.far_memory)
     layout: str | None = None  # the tables in this layout, read in place (bench.on_layout); None: loaded Parquet
     layout_dir: str | Path | None = None  # the layout store (default: <set dir>/layouts)
@@ -209,6 +210,7 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
     why = engine.missing()
     if why:  # before any data is generated or a server started: what to install
         raise TilewiseError(f"{engine.title} cannot run here: {why}")
+    cfg.exchange = engine.check_exchange(cfg.exchange)
     if cfg.worker_memory:
         if engine.capabilities.memory is None:
             raise UsageError(f"--worker-memory sizes an engine's workers; {engine.name} has no memory setting",
@@ -423,7 +425,7 @@ def run(cfg: Config, reporter: Reporter | None = None, *, clock: Callable[[], fl
         refresh=cfg.refresh, allocator=cfg.allocator, mem=cfg.mem, smt=cfg.smt,
         dataset=R.Dataset.from_json(dataset.to_json()), benchmark=cfg.benchmark, query_params=qset.params,
         query_seed=qset.seed, mem_variants=list(cfg.mem_variants), query_timeout_s=cfg.query_timeout_s,
-        **({"layout": cfg.layout} if cfg.layout else {}))
+        **({"layout": cfg.layout} if cfg.layout else {}), **({"exchange": cfg.exchange} if cfg.exchange else {}))
     doc = M.new("benchmark", topo=topo, engines={cfg.engine: version}, allocator=cfg.allocator, system_check=check,
                 params=params.to_json())
     if layout_info is not None:
@@ -597,6 +599,7 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
     per_run = (nq if "power" in cfg.tests else 0) + (ctx.streams * nq if "throughput" in cfg.tests else 0)
     rep.start_policy(label, (int(cfg.warmup) + cfg.runs) * per_run)
     engine = engine_cls()
+    engine.exchange = cfg.exchange
     times: dict[QueryId, list[float]] = {n: [] for n in cfg.queries}
     warm: dict[QueryId, list[float]] = {n: [] for n in cfg.queries}
     rows_of: dict[QueryId, int] = {}

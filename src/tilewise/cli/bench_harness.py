@@ -113,6 +113,9 @@ def make_command(name: str) -> click.Command:
         click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
         click.option("--worker-memory", default=None, metavar="SIZE", cls=LazyHelpOption,
                      help_text=lambda: memory_help("The engine's memory per worker or instance, e.g. 2g")),
+        click.option("--exchange", default=None, metavar="NAME",
+                     help="How cooperating tiles exchange data, where the engine offers a choice (tiles: shm, unix, "
+                          "tcp; default shm)."),
         click.option("--query-timeout", "query_timeout", type=SECONDS, default=None, metavar="S",
                      help="Give up on a query after S seconds: it is reported as failed with that reason, never as "
                           "valid, and the others still run (the engine cancels it where it can: PostgreSQL's "
@@ -148,7 +151,7 @@ def _help(spec) -> str:
 def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_dir, topology_src, query_list,
          allocator, config_path, data_dir, mem, smt, worker_memory, no_warmup, no_plots, inject, as_json,
          qparams=None, seed=None, data_seed=None, mem_variants=None, layout=None, layout_dir=None,
-         query_timeout=None):
+         query_timeout=None, exchange=None):
     from tilewise.bench import far_memory, harness
 
     spec = benchmarks.get(benchmark)
@@ -172,7 +175,7 @@ def _run(benchmark, *, engine, sf, policies, streams, tests, refresh, runs, out_
         data_dir=data_dir, smt=smt, mem=mem, warmup=not no_warmup, plots=not no_plots,
         inject_wrong=tuple(spec.catalog.parse(inject)) if inject else (), worker_memory=worker_memory,
         mem_variants=far_memory.parse_variants(mem_variants) if mem_variants is not None else (),
-        layout=layout, layout_dir=layout_dir, query_timeout_s=query_timeout,
+        layout=layout, layout_dir=layout_dir, query_timeout_s=query_timeout, exchange=exchange,
     )
     out = console(wide=True)
     with _RichReporter(quiet=False) as rep:

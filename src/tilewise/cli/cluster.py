@@ -62,12 +62,15 @@ def _worker_options(f):
 @click.option("--crack-pause", type=SECONDS, default=None, hidden=True,
               help="Test hook: the cracker sleeps this long after each file it writes.")
 @click.option("--coordinator-memory", default=None, metavar="SIZE", cls=LazyHelpOption, help_text=coordinator_help)
+@click.option("--exchange", default=None, metavar="NAME",
+              help="How cooperating tiles exchange data, where the engine offers a choice (tiles: shm, unix, tcp; "
+                   "default shm).")
 @click.option("--join", "join", default=None, metavar="URL", hidden=True,
               help="Same as `tilewise join --coordinator URL` (kept for scripts written for Spark).")
 @json_option
 def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
            allocator, worker_memory, host, sf, benchmark, data_dir, raw_format, data_path, crack_layout, layout_dir,
-           crack_pause, coordinator_memory, join, as_json):
+           crack_pause, coordinator_memory, exchange, join, as_json):
     """Start a bound cluster that keeps running; print how to connect.
 
     One bound worker per plan instance (the engine's worker or server: --engine), verified from
@@ -86,7 +89,7 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
         raise UsageError("--crack transforms raw tables: start on them with --data DIR or --sf N --raw csv",
                          "e.g. tilewise up --engine duckdb --sf 1 --raw csv --crack auto")
     raw = {"format": raw_format, "data": data_path, "crack": crack_layout, "layout_dir": layout_dir,
-           "pause": crack_pause, "benchmark": bench}
+           "pause": crack_pause, "benchmark": bench, "exchange": exchange}
     _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, name,
            allocator, worker_memory, host, sf, data_dir, coordinator_memory, join, as_json, raw)
 
@@ -146,7 +149,7 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
                                                      working_set, skewed),
                          topology_src, name, allocator, worker_memory, coordinator_memory, host,
                          dataset if sf is not None or raw.get("data") else None, join,
-                         background if raw.get("crack") else None)
+                         background if raw.get("crack") else None, exchange=raw.get("exchange"))
     doc = cluster.start(cfg, None if as_json else Messages(prefix="tilewise: "))
     with signals.deferred():  # it is up: what says so is said whole (a Ctrl-C now comes after it)
         if as_json:

@@ -130,10 +130,11 @@ def engine_rows() -> list[dict]:
             spec = engines.get(name)
             why = spec.missing()
             summary = spec.summary
+            exchanges = list(spec.capabilities.exchanges)
         except TilewiseError as e:  # a plug-in that cannot be loaded is listed, with why
-            why, summary = str(e), ""
+            why, summary, exchanges = str(e), "", []
         rows.append({"engine": name, "usable": why is None, "missing": why, "summary": summary,
-                     "origin": engines.REGISTRY.entry(name).origin})
+                     "exchanges": exchanges, "origin": engines.REGISTRY.entry(name).origin})
     return rows
 
 

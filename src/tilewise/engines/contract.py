@@ -71,6 +71,9 @@ class Capabilities:
     # "div" in Spark, "DIV" in ClickHouse); None: its `/` truncates, as the SQL standard says. A
     # benchmark query's integer divisions (Query.integer_divisions) are rewritten with it
     integer_division: str | None = None
+    # the transports its cooperating tiles can exchange data over (`--exchange`), the default first;
+    # () = the engine has one fixed exchange, or none
+    exchanges: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,20 @@ class EngineSpec:
             rules = [Rule(pat, rf"\1 {op} \2", n) for pat, n in query.integer_divisions]
             text = sqlrewrite.apply(rules, text, f"{self.name} {query.benchmark} q{query.id}", __name__)
         return self.dialect(text, query) if self.dialect is not None else text
+
+    def check_exchange(self, exchange: str | None) -> str | None:
+        """The exchange to use: the one given (refused where the engine offers no choice, or not that
+        one), else the engine's default (None for an engine without a choice)."""
+        offered = self.capabilities.exchanges
+        if exchange is None:
+            return offered[0] if offered else None
+        if not offered:
+            raise UsageError(f"--exchange chooses how cooperating tiles exchange data; {self.title} offers no choice",
+                             "drop --exchange (`tilewise engines list --json` shows each engine's exchanges)")
+        if exchange not in offered:
+            raise UsageError(f"--exchange {exchange!r}: {self.title} exchanges over {', '.join(offered)}",
+                             f"use one of {', '.join(offered)}")
+        return exchange
 
     def check_allocator(self, allocator: str, option: str = "--allocator") -> None:
         """A UsageError when `allocator` would be preloaded into an engine that links its own
@@ -323,6 +340,9 @@ class Runtime(abc.ABC):
         self.data: dict = {}  # the data set served, as recorded (tilewise.data.record_of)
         self.joined = False  # only workers that joined a coordinator on another host
         self.placement = None  # where a coordinator went and why (tilewise.nic.Placement), if anywhere
+        # the transport between cooperating tiles (spec.capabilities.exchanges; None: no choice);
+        # set before start() by whoever chose it (`--exchange`)
+        self.exchange: str | None = None
         # set by `tilewise up` before start(): called after each process starts, so the state file
         # always names what runs; and the change session each start is journaled in first
         self.on_change: Callable[[Runtime], None] | None = None
@@ -335,7 +355,7 @@ class Runtime(abc.ABC):
         tilewise.cluster, given back to adopt())."""
         return {"endpoint": self.endpoint, "data": dict(self.data), "joined": self.joined,
                 "placement": self.placement.to_json() if self.placement is not None else {},
-                "members": self.members_record()}
+                "exchange": self.exchange, "members": self.members_record()}
 
     def members_record(self) -> list[dict]:
         """The engine's own record of its processes (JSON), for record()."""
@@ -347,6 +367,7 @@ class Runtime(abc.ABC):
         self.endpoint = record.get("endpoint")
         self.data = dict(record.get("data") or {})
         self.joined = bool(record.get("joined"))
+        self.exchange = record.get("exchange")
 
     @classmethod
     def restore(cls, root: Path, token: str, *, host: str = "127.0.0.1", record: dict) -> Runtime:

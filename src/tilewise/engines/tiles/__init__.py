@@ -40,7 +40,8 @@ SPEC = EngineSpec(
     summary="a Flight SQL coordinator + one bound DataFusion worker per instance (datafusion-distributed; "
             "they cooperate on every query)",
     runtime="tilewise.engines.tiles.runtime:TilesCluster",
-    capabilities=Capabilities(replicas=False, refresh=False, join=False, reads=("parquet",)),
+    capabilities=Capabilities(replicas=False, refresh=False, join=False, reads=("parquet",),
+                              exchanges=("shm", "unix", "tcp")),
     missing=build.missing,
     version=version,
     part=PART,

@@ -11,7 +11,6 @@ dates as datetime.date); the reference is DataFusion too, so they compare exactl
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -19,26 +18,13 @@ from pathlib import Path
 from tilewise import nic
 from tilewise.binding import Binding
 from tilewise.engines.contract import QueryResult
-from tilewise.engines.procgroup import ClusterError, Member, ProcessCluster, free_port
+from tilewise.engines.procgroup import ClusterError, ProcessCluster, free_port
 from tilewise.engines.tiles import SPEC, build
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Plan
 
 LISTENING_RE = re.compile(r"listening on (\S+)")
 READY_TIMEOUT_S = 60.0
-EXCHANGES = ("shm", "unix", "tcp")
-EXCHANGE_VAR = "TILEWISE_TILES_EXCHANGE"
-
-
-def exchange_choice(text: str | None, host: str) -> str:
-    """The transport between the tiles: given, else Unix sockets on one host (no TCP/IP stack)."""
-    if text is None:
-        return "unix"
-    if text not in EXCHANGES:
-        raise UsageError(f"{EXCHANGE_VAR}={text!r}: unknown exchange", f"use one of {', '.join(EXCHANGES)}")
-    return text
-
-
 class TilesError(ClusterError):
     pass
 
@@ -86,7 +72,7 @@ class TilesCluster(ProcessCluster):
         try:
             self._begin(plan, dataset, memory_mb, join)
             exe = str(build.binary_path())
-            self.exchange = exchange_choice(os.environ.get(EXCHANGE_VAR), self.host)
+            self.exchange = self.spec.check_exchange(self.exchange)  # `--exchange`, else the default (shm)
             urls = []
             for inst in plan.instances:
                 if self.exchange in ("shm", "unix"):  # shm: the socket that sets the rings up

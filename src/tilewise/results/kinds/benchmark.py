@@ -179,6 +179,7 @@ class Params(Record):
     tests: list[str] | None = None
     refresh: bool | None = None  # --refresh/--no-refresh as given (None: where it applies)
     allocator: str | None = None
+    exchange: str | None = None  # the transport between cooperating tiles, where the engine offers a choice
     mem: str | None = None
     smt: bool | None = None
     dataset: Dataset | None = None
