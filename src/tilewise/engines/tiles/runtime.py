@@ -25,6 +25,10 @@ from tilewise.plan import Plan
 
 LISTENING_RE = re.compile(r"listening on (\S+)")
 READY_TIMEOUT_S = 60.0
+# a scan is split over the tiles once it has this many bytes per task: small, so that the tiles
+# cooperate on every query, as the deployment is meant to (the crate's default keeps small scans
+# on the coordinator)
+BYTES_PER_TASK = 64 << 10  # the task count is capped by the tiles: at SF 1, 2 tasks per scan on 2 tiles
 class TilesError(ClusterError):
     pass
 
@@ -93,7 +97,8 @@ class TilesCluster(ProcessCluster):
             cport = free_port(self.host)
             self.placement = placement or nic.place_coordinator(plan, *nic.detect(self.host))
             inst = self.placement.coordinator
-            argv = [exe, "serve", "--listen", f"{self.host}:{cport}", "--workers", ",".join(urls)]
+            argv = [exe, "serve", "--listen", f"{self.host}:{cport}", "--workers", ",".join(urls),
+                    "--bytes-per-partition", str(BYTES_PER_TASK)]
             if dataset is not None:
                 for name, path in table_paths(dataset):
                     argv += ["--table", f"{name}={path}"]
