@@ -29,9 +29,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Everything: every engine (Spark, ClickHouse, PostgreSQL, Trino: its server is about 820 MB from Maven
-# Central into ~/.cache/tilewise/trino, checked and resumable), the tensor extra, the test tools and
-# the QEMU guests' packages. Each step installs only what is missing.
-ENGINES_ALL := spark clickhouse postgres trino
+# Central into ~/.cache/tilewise/trino, checked and resumable; tiles: native/tiles built with cargo
+# into ~/.cache/tilewise/tiles, about 20 min the first time on 2 cores, then only when its sources
+# change), the tensor extra, the test tools and the QEMU guests' packages. Each step installs only
+# what is missing.
+ENGINES_ALL := spark clickhouse postgres trino tiles
 setup-all: setup $(VENV)/.dev
 	@bash scripts/setup-system.sh vm
 	for e in $(ENGINES_ALL); do $(BIN)/tilewise engines install $$e || exit 1; done
