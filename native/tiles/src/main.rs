@@ -10,8 +10,8 @@
 //!       plans SQL with the distributed planner over the workers and prints the answer as CSV on
 //!       stdout (header line first); the planning and execution time on stderr as one JSON line.
 //!
-//! Work in progress on the `tiles` branch: the Flight SQL endpoint, the shm/unix exchange and the
-//! file-affinity routing come next (docs/tiles.md).
+//! Workers listen on HOST:PORT (gRPC over TCP), unix:PATH or shm:PATH (transport.rs, shm.rs);
+//! the file-affinity routing and one copy per hop over shm come next (docs/tiles.md).
 mod flight;
 mod shm;
 mod transport;

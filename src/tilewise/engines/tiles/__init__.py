@@ -6,9 +6,9 @@ planner) and one worker per plan instance, each a bound process of the native bi
 cooperate on every query through the crate's exchange (shuffles, coalesces, broadcasts across
 network boundaries); clients connect with ADBC (`adbc-driver-flightsql`) or JDBC.
 
-Work in progress on the `tiles` branch (docs/tiles.md): the transports under one flag (shm rings on
-the receiving tile's node, Unix sockets, TCP), the data partitioned by file affinity, and `join`
-come next; today the exchange is the crate's gRPC over TCP.
+The exchange is chosen per deployment (`--exchange shm|unix|tcp`, Capabilities.exchanges): the
+crate's gRPC over shared-memory rings bound to the reading tile's node, Unix sockets or TCP. Still to
+come (docs/tiles.md): one copy per hop over shm, the data owned per tile by file affinity, `join`.
 """
 
 from __future__ import annotations
