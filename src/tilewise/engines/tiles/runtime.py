@@ -1,8 +1,8 @@
 """The tiles runtime: one bound worker per plan instance and a Flight SQL coordinator, all processes
 of the native binary (build.py).
 
-Workers start first (`tilewise-tiles worker --listen HOST:PORT`, bound to their instance's CPUs and
-memory policy); the coordinator (`tilewise-tiles serve`) gets their URLs and the data set's tables
+Workers start first (`tilewise-tiles worker --listen ADDR`, bound to their instance's CPUs and
+memory policy; ADDR by the exchange: shm:SOCKET, unix:SOCKET or HOST:PORT); the coordinator (`tilewise-tiles serve`) gets their URLs and the data set's tables
 and shares the CPUs of the instance local to the NIC (instance 0 on loopback), as Trino's does.
 Queries go to the coordinator over Arrow Flight SQL (ADBC); the distributed planner splits every
 statement into stages over the workers. Answers keep DataFusion's Arrow types (decimals as Decimal,
@@ -27,8 +27,10 @@ LISTENING_RE = re.compile(r"listening on (\S+)")
 READY_TIMEOUT_S = 60.0
 # a scan is split over the tiles once it has this many bytes per task: small, so that the tiles
 # cooperate on every query, as the deployment is meant to (the crate's default keeps small scans
-# on the coordinator)
-BYTES_PER_TASK = 64 << 10  # the task count is capped by the tiles: at SF 1, 2 tasks per scan on 2 tiles
+# on the coordinator); the task count is capped by the tiles (2 tasks per scan on 2 tiles)
+BYTES_PER_TASK = 64 << 10
+
+
 class TilesError(ClusterError):
     pass
 
