@@ -10,7 +10,7 @@ from tilewise import benchmarks, engines
 from tilewise.benchmarks.spec import check_seed
 from tilewise.cli.common import (AT_LEAST_1, SECONDS, ProgressBars, console, emit_json, json_option,
                                  topology_option)
-from tilewise.cli.engines import LazyHelpOption, memory_help
+from tilewise.cli.engines import LazyHelpOption, exchange_help, memory_help
 from tilewise.errors import UsageError
 
 
@@ -113,9 +113,7 @@ def make_command(name: str) -> click.Command:
         click.option("--smt", is_flag=True, help="Use SMT siblings too (default: physical cores only)."),
         click.option("--worker-memory", default=None, metavar="SIZE", cls=LazyHelpOption,
                      help_text=lambda: memory_help("The engine's memory per worker or instance, e.g. 2g")),
-        click.option("--exchange", default=None, metavar="NAME",
-                     help="How cooperating tiles exchange data, where the engine offers a choice (tiles: shm, unix, "
-                          "tcp; default shm)."),
+        click.option("--exchange", default=None, metavar="NAME", cls=LazyHelpOption, help_text=exchange_help),
         click.option("--query-timeout", "query_timeout", type=SECONDS, default=None, metavar="S",
                      help="Give up on a query after S seconds: it is reported as failed with that reason, never as "
                           "valid, and the others still run (the engine cancels it where it can: PostgreSQL's "

@@ -13,7 +13,8 @@ import click
 
 from tilewise import allocators, benchmarks, cpulist, engines, signals, verification
 from tilewise.cli.common import INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
-from tilewise.cli.engines import EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, memory_help
+from tilewise.cli.engines import (EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, exchange_help,
+                                   memory_help)
 from tilewise.cli.plan import make_plan, plan_options
 from tilewise.errors import TilewiseError, UsageError
 
@@ -62,9 +63,7 @@ def _worker_options(f):
 @click.option("--crack-pause", type=SECONDS, default=None, hidden=True,
               help="Test hook: the cracker sleeps this long after each file it writes.")
 @click.option("--coordinator-memory", default=None, metavar="SIZE", cls=LazyHelpOption, help_text=coordinator_help)
-@click.option("--exchange", default=None, metavar="NAME",
-              help="How cooperating tiles exchange data, where the engine offers a choice (tiles: shm, unix, tcp; "
-                   "default shm).")
+@click.option("--exchange", default=None, metavar="NAME", cls=LazyHelpOption, help_text=exchange_help)
 @click.option("--join", "join", default=None, metavar="URL", hidden=True,
               help="Same as `tilewise join --coordinator URL` (kept for scripts written for Spark).")
 @json_option

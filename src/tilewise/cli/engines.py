@@ -58,6 +58,13 @@ def memory_help(prefix: str) -> str:
             f"{knobs}).")
 
 
+def exchange_help() -> str:
+    """--exchange's help: the engines that offer a choice, with theirs (from the registry)."""
+    offered = "; ".join(f"{s.name}: {', '.join(s.capabilities.exchanges)}, default {s.capabilities.exchanges[0]}"
+                        for s in engines.specs(lambda s: bool(s.capabilities.exchanges)))
+    return f"How cooperating tiles exchange data, where the engine offers a choice ({offered or 'none installed'})."
+
+
 def coordinator_help() -> str:
     knobs = "; ".join(f"{s.name}: {s.capabilities.coordinator_memory.describe()}"
                       for s in engines.specs(lambda s: s.capabilities.coordinator_memory is not None))
