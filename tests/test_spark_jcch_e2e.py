@@ -11,7 +11,9 @@ import pytest
 from conftest import run_cli
 from tilewise.benchmarks.jcch import data as jcch
 
-pytestmark = pytest.mark.spark
+# with the slow tests (`make test-all`): Spark's engine path is the TPC-H end-to-end test's
+# (test_spark_tpch_e2e.py, in the default suite); this one adds JCC-H's data and parameters (31 s)
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def test_bench_jcch_on_spark_validated(tmp_path):

@@ -42,6 +42,7 @@ def _bench(engine: str, queries: str, data, tmp_path, *extra: str, timeout: floa
 
 
 @pytest.mark.spark
+@pytest.mark.slow  # 38 s; Spark's path is covered by the TPC-H end-to-end test, TPC-DS by DuckDB's and Trino's
 def test_bench_tpcds_spark_validated(data, tmp_path):
     doc = _bench("spark", SPARK_QUERIES, data, tmp_path)
     qs = doc["policies"]["wim"]["queries"]
