@@ -292,7 +292,7 @@ def _restrict(pus: list[RawPU], raw_nodes: list[RawNode], cpus_ok, mems_ok, wher
     pus = [p for p in pus if p.cpu in allowed]
     kept, gone = [], []
     for n in raw_nodes:
-        listed = tuple(sorted({p for p in (n.cpus or ())} | {c for c in all_cpus if c in n.cpus}))
+        listed = tuple(sorted(n.cpus))
         hidden = tuple(c for c in listed if c not in allowed)
         if n.id in mems:
             mine = tuple(c for c in listed if c in allowed)
@@ -369,18 +369,19 @@ def load(root: str | os.PathLike = DEFAULT_ROOT, *, allowed_cpus=None, meminfo_p
     core_ids: dict[int, int | None] = {}
     split_cores: list[int] = []
     distinct_ids: list[int] = []  # thread siblings with distinct core ids kept as one core (not AMD CUs)
+    # per CPU: (physical_package_id, package_cpus group), read once; an id several groups carry is
+    # shared (Itanium)
+    package_of = {c: (_int_opt(cpu_dir / f"cpu{c}" / "topology" / "physical_package_id"),
+                      _cpus(cpu_dir / f"cpu{c}" / "topology", "package_cpus")
+                      or _cpus(cpu_dir / f"cpu{c}" / "topology", "core_siblings")) for c in cpus}
     groups_of_os: dict[int, set] = {}  # physical_package_id -> the package_cpus groups carrying it
-    for c in cpus:
-        topo = cpu_dir / f"cpu{c}" / "topology"
-        pkg_set = _cpus(topo, "package_cpus") or _cpus(topo, "core_siblings")
-        pkg_os = _int_opt(topo / "physical_package_id")
+    for c, (pkg_os, pkg_set) in package_of.items():
         if pkg_set is not None and pkg_os is not None and pkg_os >= 0:
             groups_of_os.setdefault(pkg_os, set()).add(min((x for x in pkg_set if x in online), default=c))
     shared_os = sorted(k for k, g in groups_of_os.items() if len(g) > 1)
     for c in cpus:
         topo = cpu_dir / f"cpu{c}" / "topology"
-        pkg_os = _int_opt(topo / "physical_package_id")
-        pkg_set = _cpus(topo, "package_cpus") or _cpus(topo, "core_siblings")
+        pkg_os, pkg_set = package_of[c]
         if pkg_set is not None:
             # as hwloc: a package is a package_cpus group; its OS index is physical_package_id
             # unless that is missing or -1 (s390, some VMs); an index several groups carry

@@ -12,6 +12,7 @@ the log's path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,6 +39,7 @@ def _sources() -> list[Path]:
     return sorted([CRATE / "Cargo.toml", CRATE / "Cargo.lock", *(CRATE / "src").rglob("*.rs")])
 
 
+@functools.lru_cache(maxsize=1)
 def rustc_version() -> str | None:
     exe = shutil.which("rustc")
     if exe is None:
