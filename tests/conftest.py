@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,19 @@ def trino_ready():
     why = _trino_missing()
     if why:
         pytest.fail(f"TILEWISE_TRINO_E2E=1 but Trino cannot run: {why}")
+
+
+@pytest.fixture(autouse=True)
+def _dev_null_stays():
+    """No test may replace /dev/null (a command told to write a file there once did: every later
+    process that opened it got a regular file). Checked after each test, and put back."""
+    yield
+    if not stat.S_ISCHR(os.stat("/dev/null").st_mode):
+        if os.geteuid() == 0:
+            os.unlink("/dev/null")
+            os.mknod("/dev/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod("/dev/null", 0o666)
+        pytest.fail("this test replaced /dev/null with a regular file (put back)")
 
 
 @pytest.fixture(autouse=True)

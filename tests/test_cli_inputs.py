@@ -2,7 +2,9 @@
 
 A systematic pass over every option of every command (numbers: NaN, inf, out of range; text: empty),
 the conflicting combinations, scale factors that make a table empty, and a property-based fuzz of
-whole command lines run in-process through the real entry point (tilewise.cli.main)."""
+every command, generated from its declared options with malformed files, special files and junk
+environment, run in-process through the real entry point (tilewise.cli.main) inside a sandbox: it
+ends in a result or one `Error:` line, and a run that fails leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -12,10 +14,15 @@ import io
 import json
 import os
 import shutil
+import signal
+import stat as stat_
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import click
+import psutil
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -23,6 +30,7 @@ from hypothesis import strategies as st
 from conftest import run_cli
 from tilewise.cli import COMMANDS, cli, main
 from tilewise.cli.common import NON_EMPTY, Number
+from tilewise.errors import TilewiseError
 
 # a topology that is not this machine (so nothing is ever run on it) and plans quickly
 OTHER = "synthetic:Package:2 [NUMANode] L3Cache:1 Core:3 PU:1"
@@ -207,47 +215,151 @@ def test_a_real_process_prints_one_line_not_a_traceback():
         assert cp.returncode == 2 and cp.stderr.count("\n") == 1 and cp.stderr.startswith("Error: "), cp.stderr
 
 
-# ---- property-based fuzz over whole command lines ---------------------------------------------------
+# ---- property-based fuzz, per command ---------------------------------------------------------------
+#
+# Generated from each command's declared options (click's parameters: numbers, choices, paths, lists,
+# flags), with malformed files of every format a command reads, special files and junk environment.
+# Each example runs in-process through the real entry point inside a sandbox: its own working, cache,
+# state, cluster and temporary directories; no process may start (one that would is refused in one
+# line, as a start that fails is: the command got past its checks) and the network is a closed port.
+# Every run must end with exit 0, or 1/2 and exactly one `Error:` line: no traceback, no hang; a run
+# that fails leaves the sandbox and its inputs as they were, and no child process.
 
-EXAMPLES = int(os.environ.get("TILEWISE_FUZZ_EXAMPLES", "120"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=10_000,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-SCRATCH = Path(tempfile.mkdtemp(prefix="tilewise-fuzz-"))
-(SCRATCH / "dir").mkdir(exist_ok=True)
-(SCRATCH / "trace.csv").write_text("time,load\n0,50\n0.1,90\n0.2,10\n0.3,80\n")
-(SCRATCH / "log.jsonl").write_text('{"event": "log", "format": "tilewise-elastic", "version": 1}\n{"not": "a tick"}\n')
-(SCRATCH / "garbage").write_text("<topology><object type='PU' os_index='x'/></topology>")
-# made at import (the strategies below name its paths), so removed when the test process ends
-atexit.register(shutil.rmtree, SCRATCH, ignore_errors=True)
+EXAMPLES = int(os.environ.get("TILEWISE_FUZZ_EXAMPLES", "12"))  # per command; 500 for a longer hunt
+HANG_S = 60  # one example may not take longer (a hang fails the test instead of the suite)
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("TILEWISE_FUZZ_RANDOM"),
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                       HealthCheck.data_too_large])
+INPUTS = Path(tempfile.mkdtemp(prefix="tilewise-fuzz-in-"))
+atexit.register(shutil.rmtree, INPUTS, ignore_errors=True)  # made at import: the strategies name its files
+PNG = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00\x90wS\xde"
+       b"\x00\x00\x00\x0cIDATx\x9cc\xf8\x0f\x00\x00\x01\x01\x00\x05\x18\xd8N\x00\x00\x00\x00IEND\xaeB`\x82")
 
 
+def _make_inputs(d: Path) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = {}
+
+    def put(name: str, data: str | bytes) -> None:
+        p = d / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data if isinstance(data, bytes) else data.encode())
+        f[name] = p
+
+    put("trace.csv", "time,load\n0,50\n0.1,90\n0.2,10\n0.3,80\n")
+    put("trace-nan.csv", "time,load\n0,50\n0.1,nan\n")
+    put("trace-backwards.csv", "time,demand\n1,0.5\n0.5,1\n")
+    put("log.jsonl", '{"event": "log", "format": "tilewise-elastic", "version": 1}\n{"not": "a tick"}\n')
+    put("garbage.xml", "<topology><object type='PU' os_index='x'/></topology>")
+    put("image.png", PNG)
+    put("deep.json", "[" * 100_000 + "]" * 100_000)
+    put("broken.json", '{"format": "tilewise-results", ')
+    put("list.json", "[1, 2, 3]")
+    put("empty", "")
+    put("plan-bad.json", '{"policy": 3, "instances": "x"}')
+    put("config-other.json", '{"format": "something-else"}')
+    doc = json.loads((Path(__file__).parent / "fixtures" / "results-v2" / "tpch.json").read_text())
+    doc["metrics"][0]["values"] = ["fast"]
+    put("results-strings.json", json.dumps(doc))
+    put("results-png/results.json", PNG)
+    put("query.sql", "SELECT 1;\n")
+    put("query-binary.sql", PNG)
+    put("tables-ok/t.csv", "a,b\n1,x\n2,y\n")
+    put("tables-dup/t.csv", "a,a\n1,2\n")
+    put("tables-bad-row/t.csv", "a,b\n1,2\n3\n")
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({"a": [1, 2, 3]}), buf)
+    put("tables-cut/t.parquet", buf.getvalue().to_pybytes()[:40])
+    put("tables-text/t.parquet", "not parquet at all\n")
+    (d / "folder").mkdir()
+    f["folder"] = d / "folder"
+    os.mkfifo(d / "fifo")
+    f["fifo"] = d / "fifo"
+    os.symlink(d / "nowhere", d / "dangling")
+    f["dangling"] = d / "dangling"
+    os.symlink(d / "loop", d / "loop")
+    f["loop"] = d / "loop"
+    f["under-a-file"] = d / "image.png" / "x"
+    f["missing"] = d / "missing" / "x"
+    return f
+
+
+FILES = _make_inputs(INPUTS)
+PATHS = st.one_of(st.sampled_from(sorted(str(p) for p in FILES.values())),
+                  st.sampled_from(["", " ", "/proc/version", "/dev/null", "out", "tables-ok"]))
+TOPOLOGIES = st.sampled_from([OTHER, "synthetic:Package:2 [NUMANode] Core:2 PU:2", "synthetic:", "synthetic:PU:0",
+                              "synthetic:" + " ".join(["Group:1"] * 1200) + " PU:2", "sysfs:/nonexistent", "sysfs:",
+                              str(FILES["garbage.xml"]), str(FILES["image.png"]), str(FILES["fifo"]),
+                              str(FILES["dangling"]), "", "xml:" + str(FILES["folder"])])
 NUMBERS = st.one_of(
     st.sampled_from(["nan", "inf", "-inf", "-1", "0", "0.5", "1", "2", "3", "1e3", "1e999", "9" * 40, "abc", "",
-                     " ", "1_000", "10M", "0x10", "-0", "+5", "²"]),
+                     " ", "1_000", "10M", "0x10", "-0", "+5", "²", "65536"]),
     st.integers(-10**6, 10**6).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
 )
 LISTS = st.one_of(st.sampled_from(["0", "0-1", "all", "!0", "+0", "!+0", "0-15:2/4", "N", "1-0", "", ",", "0,,1",
-                                   "9" * 30, "+9", "x"]), st.text(alphabet="0123456789-,:/N!+ ", max_size=10))
-PATHS = st.sampled_from([str(SCRATCH / "out"), str(SCRATCH / "dir"), str(SCRATCH / "garbage"), str(SCRATCH / "missing" / "x"),
-                         "", " ", "/proc/version", str(SCRATCH / "trace.csv"), str(SCRATCH / "log.jsonl")])
-TOPOLOGIES = st.sampled_from([OTHER, "synthetic:Package:2 [NUMANode] Core:2 PU:2", "synthetic:", "synthetic:PU:0",
-                              "synthetic:" + " ".join(["Group:1"] * 1200) + " PU:2", "sysfs:/nonexistent",
-                              str(SCRATCH / "garbage"), "", "xml:" + str(SCRATCH / "dir")])
+                                   "9" * 30, "+9", "x", "1,1", "power,power"]),
+                  st.text(alphabet="0123456789-,:/N!+ ", max_size=10))
 WORDS = st.one_of(st.sampled_from(["wim", "wic", "auto", "n", "spread", "interleave", "membind:0", "preferred:+0",
-                                   "local", "first-touch", "system", "jemalloc", "W1", "W3", "alloc", "q6", "x", ""]),
+                                   "local", "first-touch", "system", "jemalloc", "W1", "W3", "alloc", "q6", "x", "",
+                                   "weighted-interleave", "999.1.1.1", "127.0.0.1", "::1", "host-name", "-"]),
                   st.text(max_size=8))
-
-PATHLIKE = {"out_dir", "export_path", "save_path", "plan_path", "config_path", "log_path", "trace_path", "replay_path",
-            "plot_path", "data_dir", "cgroup_path", "os_root"}
-LISTLIKE = {"cpus_text", "mem_nodes"}
 VALID_WORDS = {
     "policy": ["wim", "wic", "auto", "n", "spread", "wicp", "win"], "policies": ["wim", "wim,wic", "n=2"],
-    "mem": ["interleave", "local", "membind", "first-touch", "preferred", "interleave:all", "membind:+0"],
+    "mem": ["interleave", "local", "membind", "first-touch", "preferred", "interleave:all", "membind:+0",
+            "weighted-interleave"],
     "allocator": ["system"], "dataset": ["uniform", "zipf", "sequential"], "modes": ["cas", "rw", "cas,rw"],
     "working_set": ["200MB", "1GiB", "0", "1e3"], "size_text": ["64KiB", "1MB"], "sizes_text": ["1MB,4MB", "8KiB"],
-    "query_list": ["1,6", "1-3", "all", "23"], "engine": ["duckdb", "spark"], "sf": ["0.01", "1"],
+    "query_list": ["1,6", "1-3", "all", "23"], "engine": ["duckdb", "spark", "postgres", "tiles", "trino"],
+    "sf": ["0.01", "1"], "tests": ["power", "throughput", "power,throughput", "power,power"],
+    "layout": ["parquet", "csv", "parquet-0", "parquet-2", "bogus"], "qparams": ["streams", "qualification", "skewed"],
+    "exchange": ["shm", "unix", "tcp", "bogus"], "host": ["127.0.0.1", "999.1.1.1", "::1", "bad host"],
+    "threads": ["1", "65536", "1,2"], "name": ["default", "fuzz", "x/y"], "coordinator": ["127.0.0.1:99999", "h:1"],
 }
+# bad values of the environment variables tilewise reads (envvars), one set per example
+ENVIRONMENTS = st.sampled_from([{}, {}, {"TILEWISE_POSTGRES_PORT": "notaport"}, {"TILEWISE_POSTGRES_JIT": "maybe"},
+                                {"TILEWISE_TRINO_START_TIMEOUT": "-1"}, {"TILEWISE_TRINO_VERSION": "latest"},
+                                {"TILEWISE_STATE_DIR": str(FILES["image.png"])},
+                                {"TILEWISE_CLUSTER_DIR": str(FILES["under-a-file"])},
+                                {"TILEWISE_TILES_CACHE": str(FILES["image.png"])}])
+# never fuzzed: they act on this machine's processes or cgroups whatever the sandbox (elastic --pid
+# would steer a real process), or are test hooks
+NEVER = {"pid", "cgroup_path", "use_instances", "cluster_name", "whole_machine", "inject", "crack_pause", "os_root",
+         "help"}
+# arguments every example of a command starts with: what keeps a valid command line from acting on
+# the machine ({SB}: the example's sandbox)
+ANCHORS = {
+    ("elastic",): ["--dry-run", "--trace", str(FILES["trace.csv"]), "--topology", OTHER],
+    ("tune",): ["--os-root", "{SB}/os"],
+    ("workload",): ["--os-root", "{SB}/os"],
+}
+SKIP = {("engines", "install"), ("extras", "install")}  # they install packages (pip, apt) by design: test_parts
+FUZZED = [(p, c) for p, c in LEAVES if tuple(p) not in SKIP]
+
+
+def _is_path(p: click.Parameter) -> bool:
+    meta = (getattr(p, "metavar", None) or "").upper()
+    return (p.name.endswith(("_path", "_dir", "_file")) or p.name in ("paths", "data_dir", "set_dir", "layout_dir",
+                                                                     "export_path", "tilewise_src")
+            or "FILE" in meta or meta.startswith("DIR"))
+
+
+def _fuzz_value(p: click.Parameter):
+    if p.name in VALID_WORDS:
+        return st.one_of(st.sampled_from(VALID_WORDS[p.name]), WORDS)
+    if isinstance(p.type, Number):
+        return _number(p.type)
+    if isinstance(p.type, click.Choice):
+        return st.one_of(st.sampled_from(list(p.type.choices)), st.just("bogus"))
+    if p.name == "topology_src":
+        return TOPOLOGIES
+    if _is_path(p):
+        return PATHS
+    if p.name in LISTLIKE or "LIST" in (getattr(p, "metavar", None) or ""):
+        return LISTS
+    return WORDS
 
 
 def _number(t: Number):
@@ -256,66 +368,156 @@ def _number(t: Number):
     return st.one_of(st.sampled_from([str(g) for g in good]), NUMBERS)
 
 
-def _value(p: click.Option):
-    if isinstance(p.type, Number):
-        return _number(p.type)
-    if isinstance(p.type, click.Choice):
-        return st.one_of(st.sampled_from(list(p.type.choices)), st.just("bogus"))
-    if p.name == "topology_src":
-        return TOPOLOGIES
-    if p.name in PATHLIKE:
-        return PATHS
-    if p.name in LISTLIKE:
-        return LISTS
-    if p.name in VALID_WORDS:
-        return st.one_of(st.sampled_from(VALID_WORDS[p.name]), WORDS)
-    return WORDS
-
-
-# Whole commands that stop before anything heavy runs whatever the options: planning is pure,
-# a topology that is not this machine stops bench/exec/probe before they start anything, elastic
-# is simulated (--dry-run --trace) or replays a log, workload and tune stop at --dry-run/--restore.
-SAFE = {
-    ("plan",): [],
-    ("topo",): [],
-    ("exec",): ["--topology", OTHER],
-    ("bench", "tpch"): ["--topology", OTHER, "--data-dir", str(SCRATCH / "data")],
-    ("probe", "stream"): ["--topology", OTHER],
-    ("probe", "latency"): ["--topology", OTHER],
-    ("elastic",): ["--dry-run", "--trace", str(SCRATCH / "trace.csv"), "--topology", OTHER],
-    ("workload",): ["--dry-run"],
-}
-NEVER = {"measure", "apply_os", "use_instances", "pid", "cgroup_path", "data_dir", "topology_src", "trace_path",
-         "dry_run", "compare_likwid", "inject", "os_root"}
+LISTLIKE = {"cpus_text", "mem_nodes", "sender_cpus", "receiver_cpus", "initiators", "targets"}
 
 
 @st.composite
-def command_line(draw):
-    path = draw(st.sampled_from(sorted(SAFE)))
-    cmd = dict((tuple(p), c) for p, c in LEAVES)[path]
-    argv = [*path, *SAFE[path]]
-    for p in cmd.params:
-        if not isinstance(p, click.Option) or p.name in NEVER or p.name == "help" or draw(st.integers(0, 3)):
-            continue
-        if p.is_flag:
-            argv.append(p.opts[0])
-        else:
-            argv += [p.opts[0], draw(_value(p))]
-    if path == ("workload",):
-        argv.insert(1, draw(st.sampled_from(["W1", "W2", "W3", "W4", "alloc", "w9", ""])))
-        if "--topology" not in argv and draw(st.booleans()):
-            argv += ["--topology", OTHER]
-    if path == ("exec",):
-        argv += ["--", "true"]
+def fuzz_line(draw, path: tuple[str, ...], cmd: click.Command):
+    argv = [*path, *ANCHORS.get(path, [])]
+    # a few options at a time (many at once nearly always hold one the parser refuses first)
+    opts = [p for p in cmd.params if isinstance(p, click.Option) and p.name not in NEVER and not p.hidden]
+    for p in draw(st.lists(st.sampled_from(opts), max_size=4, unique_by=lambda p: p.name)) if opts else ():
+        argv += [p.opts[0]] if p.is_flag else [p.opts[0], draw(_fuzz_value(p))]
+    args = [p for p in cmd.params if isinstance(p, click.Argument)]
+    for a in args:
+        if a.name == "name":  # workload W
+            argv.insert(len(path), draw(st.sampled_from(["W1", "W2", "W3", "W4", "alloc", "T1", "T2", "T3", "w9", ""])))
+        elif a.name == "paths":
+            argv += draw(st.lists(PATHS, min_size=0, max_size=3))
+        elif a.name == "sql":
+            argv += draw(st.sampled_from([[], ["SELECT 1"], [""], ["--", "-- x"]]))
+        elif a.name == "command":
+            argv += draw(st.sampled_from([["--", "true"], ["--", str(FILES["missing"])], []]))
     return argv
 
 
-@FUZZ
-@given(argv=command_line())
-def test_fuzz_command_lines_exit_0_1_2_with_at_most_one_error_line(argv):
-    code, _, err = invoke(*argv)
-    event(f"{' '.join(argv[:2])}: exit {code}")
-    assert code in (0, 1, 2), (argv, code, err)
-    assert_one_error_line(code, err, expect_code=None)
-    if code:
-        assert err.strip().splitlines()[-1].startswith("Error: "), (argv, err)
+class _Blocked(TilewiseError):
+    """What the sandbox answers a process start with: the command got past its checks."""
+
+
+def _block(*args, **kw):
+    raise _Blocked("the fuzz sandbox starts no process")
+
+
+def _tree(*roots: Path) -> dict[str, tuple]:
+    out = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for n in dirnames + filenames:
+                q = os.path.join(dirpath, n)
+                st_ = os.lstat(q)
+                out[q] = (stat_.S_IFMT(st_.st_mode), st_.st_size if stat_.S_ISREG(st_.st_mode) else 0)
+    return out
+
+
+def _dev_null_intact() -> bool:
+    """/dev/null is still the null device (the fuzz names it as a file to write: a command that replaced
+    it with a regular file would break every later process on the machine); put back when it is not."""
+    if stat_.S_ISCHR(os.stat("/dev/null").st_mode):
+        return True
+    if os.geteuid() == 0:
+        os.unlink("/dev/null")
+        os.mknod("/dev/null", 0o666 | stat_.S_IFCHR, os.makedev(1, 3))
+        os.chmod("/dev/null", 0o666)
+    return False
+
+
+class _Hung(BaseException):
+    pass
+
+
+@contextlib.contextmanager
+def sandbox(env: dict[str, str]):
+    """A fresh sandbox for one example; everything it changes in this process is put back."""
+    root = Path(tempfile.mkdtemp(prefix="tilewise-fuzz-sb-"))
+    for d in ("cwd", "cache", "state", "clusters", "run", "tmp", "os"):
+        (root / d).mkdir()
+    own = {"XDG_CACHE_HOME": root / "cache", "XDG_STATE_HOME": root / "state", "XDG_RUNTIME_DIR": root / "run",
+           "TILEWISE_STATE_DIR": root / "state", "TILEWISE_CLUSTER_DIR": root / "clusters",
+           "TILEWISE_MAVEN_MIRROR": "http://127.0.0.1:9"}
+    saved_env, cwd, tmp = dict(os.environ), os.getcwd(), tempfile.tempdir
+    saved = (subprocess.Popen.__init__, os.fork, os.posix_spawn, os.posix_spawnp)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)}
+    for k in [k for k in os.environ if k.startswith("TILEWISE_")]:
+        del os.environ[k]
+    os.environ.update({k: str(v) for k, v in own.items()})
+    os.environ.update(env)
+    os.chdir(root / "cwd")
+    tempfile.tempdir = str(root / "tmp")
+    subprocess.Popen.__init__ = _block
+    os.fork = os.posix_spawn = os.posix_spawnp = _block
+
+    def hung(*_):
+        raise _Hung()
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(HANG_S)
+    try:
+        yield root
+    finally:
+        signal.alarm(0)
+        subprocess.Popen.__init__, os.fork, os.posix_spawn, os.posix_spawnp = saved
+        tempfile.tempdir = tmp
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+FUZZ_STATS: dict[str, dict] = {}  # per command: examples, exits, seconds (printed by the last test)
+
+
+@pytest.mark.parametrize("path,cmd", FUZZED, ids=[" ".join(p) for p, _ in FUZZED])
+def test_fuzz_each_command_ends_in_a_result_or_one_line_and_leaves_nothing(path, cmd):
+    """Per command, EXAMPLES command lines drawn from its declared options and junk environment."""
+    path = tuple(path)
+    stats = FUZZ_STATS.setdefault(" ".join(path), {"examples": 0, "exits": {}, "seconds": 0.0, "blocked": 0})
+    kids = {c.pid for c in psutil.Process().children(recursive=True)}
+
+    @FUZZ
+    @given(argv=fuzz_line(path, cmd), env=ENVIRONMENTS)
+    def one(argv, env):
+        t0 = time.monotonic()
+        with sandbox(env) as root:
+            argv = [a.replace("{SB}", str(root)) for a in argv]
+            before = _tree(root, INPUTS)
+            try:
+                code, _, err = invoke(*argv)
+            except _Hung:
+                pytest.fail(f"no result within {HANG_S} s: tilewise {' '.join(argv)}")
+            after = _tree(root, INPUTS)
+        stats["examples"] += 1
+        stats["exits"][code] = stats["exits"].get(code, 0) + 1
+        stats["seconds"] += time.monotonic() - t0
+        stats["blocked"] += "the fuzz sandbox starts no process" in err
+        event(f"exit {code}")
+        where = f"tilewise {' '.join(argv)} (env {env})"
+        assert code in (0, 1, 2), (where, code, err)
+        assert_one_error_line(code, err, expect_code=None)
+        if code:
+            assert err.strip().splitlines()[-1].startswith("Error: "), (where, err)
+            assert len([ln for ln in err.splitlines() if ln.startswith("Error:")]) == 1, (where, err)
+            # the state directory's own skeleton (journals/, locks/ and its mutex) is kept, as /run/tilewise is
+            skeleton = {str(root / "state" / n) for n in ("journals", "locks", "locks/.mutex")}
+            left = {k: v for k, v in after.items() if before.get(k) != v and k not in skeleton}
+            gone = set(before) - set(after)
+            assert not left and not gone, (where, err, sorted(left)[:5], sorted(gone)[:5])
+        now = {c.pid for c in psutil.Process().children(recursive=True)}
+        assert now <= kids, (where, now - kids)
+        assert _dev_null_intact(), (where, "replaced /dev/null (restored)")
+
+    one()
+
+
+def test_fuzz_figures_per_command():
+    """The fuzz's figures (cases, exits, time per command), printed with -s and kept in
+    $TILEWISE_FUZZ_REPORT when set; runs after the fuzz in file order."""
+    if not FUZZ_STATS:
+        pytest.skip("the fuzz did not run in this session")
+    lines = [f"{k}: {v['examples']} cases, exits {dict(sorted(v['exits'].items()))}, {v['blocked']} reached a process "
+             f"start, {v['seconds']:.1f} s" for k, v in sorted(FUZZ_STATS.items())]
+    print("\n".join(lines))
+    if os.environ.get("TILEWISE_FUZZ_REPORT"):
+        Path(os.environ["TILEWISE_FUZZ_REPORT"]).write_text("\n".join(lines) + "\n")
+    assert all(v["examples"] for v in FUZZ_STATS.values())

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tilewise import binding, plan, topology, verification
-from tilewise.errors import TilewiseError
+from tilewise.errors import TilewiseError, UsageError
 from tilewise.topology import synthetic
 
 
@@ -21,8 +21,10 @@ def test_plan_accepts_weighted_interleave_over_named_nodes():
 
 
 def test_unsupported_kernel_is_one_clear_error(tmp_path):
-    t = synthetic.load("Package:1 [NUMANode] Core:2 PU:1")
+    t = synthetic.load("Package:2 [NUMANode] Core:2 PU:1")
     p = plan.plan(t, "wim", mem="weighted-interleave")
+    with pytest.raises(UsageError, match="has only node"):  # one node: nothing to interleave over
+        plan.plan(synthetic.load("Package:1 [NUMANode] Core:2 PU:1"), "wim", mem="weighted-interleave")
     with pytest.raises(TilewiseError, match="weighted-interleave is not supported by this kernel") as e:
         binding.ensure_mem_policy_supported(p, sysfs=str(tmp_path / "missing"))
     assert "use --mem interleave" in str(e.value) and "\n" not in str(e.value)

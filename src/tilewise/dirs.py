@@ -25,9 +25,11 @@ from pathlib import Path
 
 import platformdirs
 
+from tilewise import envvars
+
 APP = "tilewise"
-STATE_VAR = "TILEWISE_STATE_DIR"
-CLUSTER_VAR = "TILEWISE_CLUSTER_DIR"
+STATE_VAR = envvars.STATE_DIR.name
+CLUSTER_VAR = envvars.CLUSTER_DIR.name
 ROOT_STATE_DIR = Path("/run/tilewise")
 
 
@@ -42,8 +44,8 @@ def _runtime_dir() -> Path | None:
 
 def state_dir(*, euid: int | None = None) -> Path:
     """Undo journals and locks (tilewise.changes). euid: whose directory (default: this process's)."""
-    if d := _env(STATE_VAR):
-        return Path(d)
+    if d := envvars.STATE_DIR.value():
+        return d
     if (os.geteuid() if euid is None else euid) == 0:
         return ROOT_STATE_DIR
     if runtime := _runtime_dir():
@@ -53,18 +55,21 @@ def state_dir(*, euid: int | None = None) -> Path:
 
 def cluster_dir() -> Path:
     """State files of the clusters `tilewise up` started, with their logs and work directories."""
-    if d := _env(CLUSTER_VAR):
-        return Path(d)
+    if d := envvars.CLUSTER_DIR.value():
+        return d
     if runtime := _runtime_dir():
         return runtime / "clusters"
     return cache_dir("clusters")
 
 
-def cache_dir(kind: str, *, override: str | None = None) -> Path:
-    """The cache of one kind of thing (a data set, an engine's install). override: the name of
-    the caller's own environment variable that, when set, names the directory itself."""
-    if override and (d := _env(override)):
-        return Path(d)
+def cache_dir(kind: str, *, override: envvars.Var | str | None = None) -> Path:
+    """The cache of one kind of thing (a data set, an engine's install). override: the caller's own
+    environment variable (a Var, or its name) that, when set, names the directory itself."""
+    if isinstance(override, str):
+        override = envvars.Var(override, envvars.directory, "a directory",
+                               "set it to a directory tilewise can write, or unset it")
+    if override and (d := override.value()):
+        return d
     return platformdirs.user_cache_path(APP) / kind
 
 

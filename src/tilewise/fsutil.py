@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -25,14 +26,22 @@ def ensure_writable_dir(path: str | os.PathLike, what: str = "--out") -> Path:
     (discard_made_dirs), so a refusal leaves no empty --out behind."""
     d = Path(path)
     try:
-        missing = [p for p in (d, *d.parents) if not p.exists()]
-        d.mkdir(parents=True, exist_ok=True)
-        _MADE.extend(reversed(missing))
+        make_dirs(d)
         probe = d / f".tilewise-write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write to {what} {d}: {e.strerror or e}", f"pick another {what}") from None
+    return d
+
+
+def make_dirs(d: Path) -> Path:
+    """mkdir -p that remembers the folders it created, for discard_made_dirs: a command that fails
+    leaves no empty folder it made (an --out, a data or layout store's table folder)."""
+    d = Path(d)
+    missing = [p for p in (d, *d.parents) if not p.exists()]
+    d.mkdir(parents=True, exist_ok=True)
+    _MADE.extend(reversed(missing))
     return d
 
 
@@ -51,7 +60,16 @@ def discard_made_dirs() -> list[Path]:
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, *, mode: int = 0o644) -> Path:
+    """data into path, whole or not at all (a temporary file renamed over it). Only a regular file is
+    replaced: a device, FIFO or socket at path (/dev/null) is refused, never swapped for a file."""
     path = Path(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{path} is not a regular file; tilewise writes its files whole, by replacing them",
+                         "name a file instead")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

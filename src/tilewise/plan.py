@@ -90,7 +90,7 @@ class Plan:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> Plan:
+    def from_json(cls, d: dict, source: str | None = None) -> Plan:
         try:
             inst = tuple(
                 Instance(i["id"], tuple(i["cpus"]), tuple(i["mem_nodes"]), i["mem_policy"],
@@ -103,8 +103,9 @@ class Plan:
             return cls(d["policy"], d.get("requested", d["policy"]), inst, tuple(d.get("reasons", ())),
                        bool(d.get("smt", False)), d["topology"]["fingerprint"], d["topology"]["source"],
                        tuple(d.get("notes", ())))
-        except (KeyError, TypeError, ValueError) as e:
-            raise UsageError(f"malformed plan document (missing or bad {e})", "write it with `tilewise plan --json`") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            what = f"{source}: malformed plan" if source else "malformed plan document"
+            raise UsageError(f"{what} (missing or bad {e})", "write it with `tilewise plan --save FILE`") from None
 
 
 # What tier-aware placement decides on: figures measured per (initiator node, target node), and the
@@ -350,6 +351,12 @@ def plan(
         # WIM+interleave spreads pages over every node that holds CPUs
         spread = tuple(n.id for n in t.cpu_nodes if n.id in t.mem_allowed_nodes) or t.mem_allowed_nodes
         insts = tuple(_instance(t, i.id, g, mem_policy, spread) for i, g in zip(insts, groups))
+    if mem_policy == "weighted-interleave" and weights is None and mem_nodes is None:
+        lone = next((i for i in insts if len(i.mem_nodes) < 2), None)
+        if lone is not None:  # interleaving over one node is no interleave: the weights would do nothing
+            raise UsageError(f"weighted interleave for instance {lone.id} has only node(s) "
+                             f"{cpulist.format(lone.mem_nodes)} to interleave over (no far-tier memory or second node "
+                             "for it here)", "name two or more nodes with --mem-nodes, or use --mem membind")
     if mem_policy in TIERED or weights is not None:
         insts = _by_tier(t, insts, mem_policy, weights, mem_nodes, figures or tiers.figures(t), notes)
     if not smt and t.smt > 1:

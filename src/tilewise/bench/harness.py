@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from tilewise import allocators, benchmarks, changes, cpulist, engines, topology, verification
+from tilewise import allocators, benchmarks, changes, cpulist, dirs, engines, topology, userfiles, verification
 from tilewise import plan as planner
 from tilewise.bench import far_memory, on_layout
 from tilewise.benchmarks import validate
@@ -136,6 +136,9 @@ def parse_tests(text: str | tuple | list) -> tuple[str, ...]:
     bad = [t for t in items if t not in TESTS]
     if bad or not items:
         raise UsageError(f"unknown test {', '.join(bad) or '(none)'}", "use --tests power, throughput or power,throughput")
+    twice = sorted({t for t in items if items.count(t) > 1})
+    if twice:
+        raise UsageError(f"--tests names {twice[0]} twice", "each test runs once per run; use --runs for more")
     return tuple(t for t in TESTS if t in items)
 
 
@@ -206,8 +209,14 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
     if cfg.runs < 1:
         raise UsageError(f"--runs must be >= 1, got {cfg.runs}")
     cfg.tests = parse_tests(cfg.tests)
+    if cfg.layout:
+        on_layout.check(spec, cfg.layout)
+    for option, d in (("--out", cfg.out), ("--data-dir", cfg.data_dir), ("--layout-dir", cfg.layout_dir)):
+        if d:
+            userfiles.check_dir(d, option)
+    dirs.state_dir()  # a bad TILEWISE_STATE_DIR: refused before the data is generated
     engine = engine or engines.get(cfg.engine)
-    why = engine.missing()
+    why = engine.why_not()
     if why:  # before any data is generated or a server started: what to install
         raise TilewiseError(f"{engine.title} cannot run here: {why}")
     cfg.exchange = engine.check_exchange(cfg.exchange)

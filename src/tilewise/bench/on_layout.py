@@ -26,6 +26,15 @@ from tilewise.data import layouts as L
 from tilewise.errors import UsageError
 
 
+def check(spec, name: str) -> None:
+    """--layout's name, checked before any data is generated (prepare() makes the layout)."""
+    if name in raw.WRITABLE or name == "parquet":
+        return
+    if L.parse(name).raw:
+        raise UsageError(f"--layout {name}: {spec.title}'s tables come as Parquet or as "
+                         f"{' or '.join(raw.WRITABLE)} text", "use parquet, csv, tbl or a parquet-K layout")
+
+
 def prepare(spec, dataset: Dataset, name: str, *, data_dir=None, layout_dir=None, seed=None,
             log=None) -> tuple[Dataset, Callable[[str], str] | None, dict]:
     """(the data set the engine reads, a per-query SQL router or None, what results record)."""
@@ -35,10 +44,8 @@ def prepare(spec, dataset: Dataset, name: str, *, data_dir=None, layout_dir=None
     if name == "parquet":
         ds = dataset.with_sources(dataset.table_sources(), layout="parquet")
         return ds, None, _info(name, ds.table_sources(), None, Path(dataset.dir))
+    check(spec, name)
     lspec = L.parse(name)
-    if lspec.raw:
-        raise UsageError(f"--layout {name}: {spec.title}'s tables come as Parquet or as "
-                         f"{' or '.join(raw.WRITABLE)} text", "use parquet, csv, tbl or a parquet-K layout")
     root = Path(layout_dir) if layout_dir else Path(dataset.dir) / "layouts"
     srcs = dataset.table_sources()
     applied = root / lspec.name / L.SET_MANIFEST

@@ -267,6 +267,11 @@ class ParamSets:
     default: str
     help: str  # e.g. "skewed (default; they hit the skew) or normal (they avoid it)"
     make: Callable[[Catalog, str, int, float], QuerySet]  # (catalog, set, seed, sf) -> its QuerySet
+    fixed: tuple[str, ...] = ()  # the sets that draw nothing from the seed (TPC-DS qualification)
+
+    def seeded(self, name: str | None) -> bool:
+        """The set `name` (None: the default) draws its parameters from --seed."""
+        return (name or self.default).strip().lower() not in self.fixed
 
 
 # ---- metrics --------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ import sys
 import click
 
 from tilewise import __version__
-from tilewise import fsutil, signals
-from tilewise.errors import TilewiseError
+from tilewise import envvars, fsutil, signals
+from tilewise.errors import TilewiseError, UsageError
 
 # name -> "module:attribute"; a new subcommand is one line here.
 COMMANDS = {
@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     try:
+        # tilewise's own directories: a bad value is refused before any command writes anything
+        why = envvars.problem((envvars.STATE_DIR, envvars.CLUSTER_DIR))
+        if why and not _asks_for_help(argv):
+            raise UsageError(why)
         cli.main(args=argv, prog_name="tilewise", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
@@ -116,6 +120,11 @@ def _main(argv: list[str] | None) -> None:
 
 
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # OSErrors that say where cannot be written, as one line
+
+
+def _asks_for_help(argv: list[str] | None) -> bool:
+    args = sys.argv[1:] if argv is None else argv
+    return not args or "--help" in args or "-h" in args or "--version" in args
 
 
 def _sub(argv: list[str] | None) -> str:

@@ -8,6 +8,7 @@ import click
 
 from tilewise import benchmarks, engines
 from tilewise.benchmarks.spec import check_seed
+from tilewise.cli import modes
 from tilewise.cli.common import (AT_LEAST_1, SECONDS, ProgressBars, console, emit_json, json_option,
                                  topology_option)
 from tilewise.cli.engines import LazyHelpOption, exchange_help, memory_help
@@ -134,7 +135,24 @@ def make_command(name: str) -> click.Command:
     command.__doc__ = _help(own)
     for opt in reversed(opts):
         command = opt(command)
-    return click.command(name)(command)
+    return _modes(own)(click.command(name)(command))
+
+
+def _modes(own):
+    """Which options go with which choices of the benchmark's command (cli/modes.py)."""
+    from tilewise.bench.harness import parse_tests
+
+    rules = [
+        modes.Mode("the throughput test (--tests with throughput)", lambda a: "throughput" in parse_tests(a["tests"]),
+                   ("streams",)),
+        modes.Mode("--layout", lambda a: a["layout"] is not None, ("layout_dir",)),
+    ]
+    if own.params is not None and own.params.fixed:
+        drawn = [c for c in own.params.choices if c not in own.params.fixed]
+        rules.append(modes.Mode(f"drawn parameters (--params {' or '.join(drawn)})",
+                                lambda a: own.params.seeded(a["qparams"]), ("seed",),
+                                hint=f"--params {' or '.join(own.params.fixed)} draws nothing; drop --seed"))
+    return modes.declare(*rules)
 
 
 def _help(spec) -> str:

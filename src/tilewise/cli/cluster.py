@@ -12,7 +12,8 @@ import sys
 import click
 
 from tilewise import allocators, benchmarks, cpulist, engines, signals, verification
-from tilewise.cli.common import INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
+from tilewise.cli import modes
+from tilewise.cli.common import ADDRESS, INDEX, SECONDS, Messages, console, emit_json, json_option, topology_option
 from tilewise.cli.engines import (EngineChoice, LazyHelpOption, coordinator_help, engine_summaries, exchange_help,
                                    memory_help)
 from tilewise.cli.plan import make_plan, plan_options
@@ -30,7 +31,7 @@ def _worker_options(f):
                      help=f"Preload an allocator into every instance: {', '.join(allocators.names())}."),
         click.option("--worker-memory", default=None, metavar="SIZE", cls=LazyHelpOption,
                      help_text=lambda: memory_help("Memory per worker, e.g. 8g")),
-        click.option("--host", default=None, metavar="ADDR",
+        click.option("--host", default=None, type=ADDRESS,
                      help="Address the processes bind to and advertise (default 127.0.0.1; with join, the one "
                           "that reaches the coordinator)."),
     ]
@@ -39,6 +40,11 @@ def _worker_options(f):
     return f
 
 
+@modes.declare(
+    modes.Mode("--sf (a benchmark's data)", lambda a: a["sf"] is not None, ("benchmark", "data_dir", "raw_format"),
+               hint="add --sf N, e.g. --sf 1"),
+    modes.Mode("--crack", lambda a: a["crack_layout"] is not None, ("layout_dir", "crack_pause")),
+)
 @click.command("up")
 @click.option("--engine", "-e", default=engines.DEFAULT_UP, show_default=True, type=EngineChoice(),
               cls=LazyHelpOption, help_text=engine_summaries)
@@ -75,10 +81,6 @@ def up_cmd(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
     One bound worker per plan instance (the engine's worker or server: --engine), verified from
     /proc, plus the engine's coordinator or master where it has one. Stop it with `tilewise down`.
     """
-    if raw_format and sf is None:
-        raise UsageError("--raw serves a benchmark's tables as text: it needs --sf", "e.g. --sf 1 --raw csv")
-    if benchmark is not None and sf is None:
-        raise UsageError("--benchmark names whose data --sf serves: it needs --sf", f"e.g. --benchmark {benchmark} --sf 1")
     bench = benchmarks.get(benchmark or "tpch") if sf is not None else None
     if bench is not None:
         sf = bench.data.check_sf(sf)
@@ -119,6 +121,10 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
 
     raw = raw or {}
     spec = engines.get(engine)
+    if host is not None:
+        from tilewise.engines.procgroup import check_bindable
+
+        check_bindable(host)
     if raw.get("crack") and not spec.capabilities.switch:
         raise UsageError(f"{spec.title} cannot switch a table to another copy while it runs: --crack does not apply",
                          f"use --engine {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.switch))}")
@@ -137,6 +143,10 @@ def _start(engine, topology_src, policy, instances, mem, mem_nodes, smt, engine_
             from tilewise.layout import crack
 
             crack.target(raw["crack"], ds.table_sources(), 1)
+            if raw.get("layout_dir"):  # the store must take a file before anything starts (made, or removed on failure)
+                from tilewise import fsutil
+
+                fsutil.ensure_writable_dir(raw["layout_dir"], "--layout-dir")
         return ds
 
     def background(st, log):  # --crack: the transformation beside the deployment, once it answers
@@ -263,7 +273,7 @@ def down_cmd(name, as_json):
 @name_option
 @click.option("--instance", "-i", type=INDEX, default=None, cls=LazyHelpOption, help_text=lambda: _instance_help())
 @click.option("--timeout", "timeout_s", type=SECONDS, default=None, metavar="S", help="Give up after S seconds.")
-@click.option("--file", "-f", "sql_file", type=click.File("r"), default=None, metavar="FILE",
+@click.option("--file", "-f", "sql_file", default=None, metavar="FILE",
               help="Read the statement from FILE ('-': standard input) instead of the argument.")
 @click.argument("sql", required=False)
 @json_option
@@ -278,7 +288,11 @@ def query_cmd(name, instance, timeout_s, sql_file, sql, as_json):
     if (sql is None) == (sql_file is None):
         raise UsageError("give one SQL statement: as the argument or with --file", "e.g. tilewise query \"SELECT 1\"")
     if sql_file is not None:
-        sql = sql_file.read()
+        from tilewise import userfiles
+
+        hint = "give a file of SQL text, or '-' for standard input"
+        sql = (userfiles.decode(click.get_binary_stream("stdin").read(), "standard input", "--file", hint)
+               if sql_file == "-" else userfiles.read_text(sql_file, "--file", hint, devices=True))
     sql = sql.strip().rstrip(";").strip()
     if not sql:
         raise UsageError("the SQL statement is empty")

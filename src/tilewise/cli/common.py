@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 
 import click
@@ -172,6 +173,49 @@ class NonEmpty(click.ParamType):
 
 
 NON_EMPTY = NonEmpty()
+
+
+class Address(click.ParamType):
+    """An address to bind to or reach: an IPv4 or IPv6 literal, or a host name (RFC 1123 labels).
+    999.1.1.1 is neither (all digits and dots, so meant as IPv4, and out of range)."""
+
+    name = "ADDR"
+    _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+    def convert(self, value, param, ctx):
+        import ipaddress
+
+        text = str(value).strip()
+        if re.fullmatch(r"[\d.]+", text) or ":" in text:
+            try:
+                return str(ipaddress.ip_address(text.strip("[]")))
+            except ValueError:
+                self.fail(f"{text!r} is not an IP address (IPv4: four numbers 0-255)", param, ctx)
+        labels = text.rstrip(".").split(".")
+        if not text or len(text) > 253 or not all(self._LABEL.fullmatch(x) for x in labels):
+            self.fail(f"{text!r} is neither an IP address nor a host name", param, ctx)
+        return text
+
+
+ADDRESS = Address()
+
+
+class OutputFile(click.ParamType):
+    """A file tilewise writes (--save, --export, --plot, --log): refused at parse time, before anything
+    runs, when it is a folder or a special file or its folder is missing; nothing is made."""
+
+    name = "FILE"
+
+    def convert(self, value, param, ctx):
+        from tilewise import userfiles
+
+        why = userfiles.output_problem(value)
+        if why:
+            self.fail(f"{value}: {why}", param, ctx)
+        return str(value)
+
+
+OUTPUT_FILE = OutputFile()
 
 
 def harden(cmd: click.Command) -> click.Command:

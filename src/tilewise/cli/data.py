@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from tilewise import benchmarks, engines
-from tilewise.cli import LazyGroup
+from tilewise.cli import LazyGroup, modes
 from tilewise.cli.common import (AT_LEAST_1, Messages, Number, ProgressBars, conflicts, console, emit_json,
                                  json_option, topology_option)
 from tilewise.cli.engines import LazyHelpOption
@@ -81,6 +81,10 @@ def generate_cmd(benchmark, sf, data_dir, seed, as_json):
     click.echo(f"{what}; generation took {doc['generated_s']} s)" if doc["generated_s"] is not None else f"{what})")
 
 
+@modes.declare(
+    modes.Mode("the cached set (without --dir)", lambda a: a["set_dir"] is None, ("data_dir", "seed", "gen"),
+               hint="drop it (--dir names the tables to check)"),
+)
 @click.command("check")
 @click.option("--benchmark", "-b", type=click.Choice([b.name for b in _CHECKED]),
               default=_CHECKED[0].name if _CHECKED else None, show_default=True,
@@ -105,16 +109,26 @@ def check_cmd(benchmark, sf, data_dir, seed, set_dir, gen, as_json):
     seed_v = data.check_seed(data.default_seed if seed is None else seed) if data.seeded else None
     shown = f"{spec.title} SF {sf_v:g}" + (f" seed {seed_v}" if seed_v is not None else "")
     if set_dir:
+        from tilewise import userfiles
+
         d = Path(set_dir)
-        missing = [t for t, p in table_paths(d, data.tables).items() if not p.exists()]
+        paths = table_paths(d, data.tables)
+        missing = [t for t, p in paths.items() if not p.exists() and not p.is_symlink()]
         if missing:
             raise UsageError(f"{d} has no {missing[0]}.parquet",
                              f"point --dir at a folder with the {len(data.tables)} tables as Parquet")
+        for t, p in paths.items():  # every footer read before any check runs
+            userfiles.parquet_file(p, f"table {t}:")
     else:
         d = data.set_dir(sf_v, seed_v, data_dir)
         if not data.is_valid(d):
             if not gen:
                 seed_arg = f" --seed {seed_v}" if seed_v is not None else ""
+                damage = store.problem(d, None, data.tables)
+                if damage not in (None, "no set"):
+                    raise UsageError(f"the {shown} data in {d} is damaged: {damage}",
+                                     f"generate it again with --generate, or `tilewise data generate --benchmark "
+                                     f"{spec.name} --sf {sf_v:g}{seed_arg}` (the damaged set is replaced)")
                 raise UsageError(f"no {shown} data in {d}",
                                  f"run `tilewise data generate --benchmark {spec.name} --sf {sf_v:g}{seed_arg}` "
                                  "or add --generate")
@@ -153,6 +167,11 @@ def render(results, title: str, kinds: tuple[tuple[str, str], ...], out=None) ->
               markup=False)
 
 
+@modes.declare(
+    modes.Mode("a benchmark's own tables (without --data)", lambda a: a["data_path"] is None,
+               ("sf", "raw_format", "data_dir"), hint="drop it (--data names the tables)"),
+    modes.Mode("a benchmark's queries (--benchmark)", lambda a: a["benchmark"] is not None, ("query_list",)),
+)
 @click.command("layout")
 @click.option("--data", "data_path", default=None, metavar="DIR",
               help="A directory of raw tables: <table>.csv/.tbl/.json/.parquet or a folder of them per table "

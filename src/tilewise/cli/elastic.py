@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tilewise.cli.common import NON_NEGATIVE, PID, SECONDS, conflicts, console, emit_json, json_option, topology_option
+from tilewise.cli.common import NON_NEGATIVE, OUTPUT_FILE, PID, SECONDS, conflicts, console, emit_json, json_option, topology_option
 from tilewise.errors import UsageError
 from tilewise.results.kinds import elastic_log
 
@@ -25,10 +25,10 @@ from tilewise.results.kinds import elastic_log
 @click.option("--duration", type=SECONDS, default=None, metavar="S", help="Stop after S seconds (default: until the target exits or Ctrl-C).")
 @click.option("--dry-run", is_flag=True, help="Measure and decide, change nothing (with --trace: simulate on --topology).")
 @click.option("--trace", "trace_path", default=None, metavar="FILE", help="With --dry-run: a recorded load trace (CSV time,demand|load or JSON lines).")
-@click.option("--log", "log_path", default=None, metavar="FILE",
+@click.option("--log", "log_path", default=None, type=OUTPUT_FILE,
               help="Write every tick's firings as they happen (a results document, JSON lines; `tilewise report FILE`).")
 @click.option("--replay", "replay_path", default=None, metavar="LOG", help="Summarise (and with --plot draw) a --log file.")
-@click.option("--plot", "plot_path", default=None, metavar="PNG", help="With --replay: load and allocated cores over time.")
+@click.option("--plot", "plot_path", default=None, type=OUTPUT_FILE, metavar="PNG", help="With --replay: load and allocated cores over time.")
 @click.option("--enforce", type=click.Choice(["auto", "cgroup", "affinity"]), default="auto", show_default=True,
               help="auto: a cpuset cgroup of our own where possible, else sched_setaffinity on every thread.")
 @click.option("--smt", is_flag=True, help="Hand out a core with all its hardware threads (default: one PU per core).")

@@ -135,7 +135,7 @@ def engine_rows() -> list[dict]:
     for name in engines.names():
         try:
             spec = engines.get(name)
-            why = spec.missing()
+            why = spec.why_not()
             summary = spec.summary
             exchanges = list(spec.capabilities.exchanges)
         except TilewiseError as e:  # a plug-in that cannot be loaded is listed, with why
@@ -175,7 +175,7 @@ def list_cmd(as_json):
     out = console()
     width = max([8, *(len(r["engine"]) for r in rows)])
     for r in rows:
-        out.print(f"{r['engine']:{width}} {'ready' if r['usable'] else 'missing: ' + r['missing']}", markup=False)
+        out.print(f"{r['engine']:{width}} {'ready' if r['usable'] else 'cannot run: ' + r['missing']}", markup=False)
 
 
 class _InstallCommand(click.Command):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -51,11 +50,10 @@ def exec_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_thread
                              "working_set", "skewed", "weights"),
                   "a saved plan already fixes the topology, policy, instances and memory policy; "
                   "drop these options or re-plan with `tilewise plan --save`")
-        try:
-            with open(plan_path) as f:
-                p = plan.Plan.from_json(json.load(f))
-        except (OSError, json.JSONDecodeError) as e:
-            raise UsageError(f"cannot read plan {plan_path}: {e}") from None
+        from tilewise import userfiles
+
+        p = plan.Plan.from_json(userfiles.read_json(plan_path, "plan", "save one with `tilewise plan --save FILE`"),
+                                source=plan_path)
     else:
         t = topology.load(topology_src)
         p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, weights)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tilewise import cpulist, plan, topology
-from tilewise.cli.common import AT_LEAST_1, conflicts, console, emit_json, json_option, parse_size, topology_option
+from tilewise.cli.common import AT_LEAST_1, OUTPUT_FILE, conflicts, console, emit_json, json_option, parse_size, topology_option
 from tilewise.errors import UsageError
 
 
@@ -61,7 +61,7 @@ def make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads="paralle
 @plan_options
 @weights_option
 @json_option
-@click.option("--save", "save_path", metavar="FILE", help="Also write the plan as JSON (for exec --plan).")
+@click.option("--save", "save_path", type=OUTPUT_FILE, help="Also write the plan as JSON (for exec --plan).")
 def plan_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, weights, as_json,
              save_path):
     """Plan a deployment: which instances, which CPUs, which memory nodes, and why."""
@@ -69,11 +69,10 @@ def plan_cmd(topology_src, policy, instances, mem, mem_nodes, smt, engine_thread
     p = make_plan(t, policy, instances, mem, mem_nodes, smt, engine_threads, working_set, skewed, weights)
     doc = p.to_json()
     if save_path:
-        import json
+        from tilewise.fsutil import atomic_write_json
 
         try:
-            with open(save_path, "w") as f:
-                json.dump(doc, f, indent=2)
+            atomic_write_json(save_path, doc)
         except OSError as e:
             raise UsageError(f"cannot write {save_path}: {e.strerror}") from None
     if as_json:

@@ -7,17 +7,23 @@ from pathlib import Path
 
 import click
 
-from tilewise.cli.common import console, emit_json, json_option
+from tilewise.cli import modes
+from tilewise.cli.common import OUTPUT_FILE, console, emit_json, json_option
 from tilewise.errors import UsageError
 
 
+_COMPARE = modes.Mode("a comparison of two or more results", lambda a: len(a["paths"]) >= 2, ("plot_path", "select"),
+                      hint="name two or more results folders, or drop it")
+
+
+@modes.declare(_COMPARE, modes.Mode("--out", lambda a: a["out_dir"] is not None, ("select",)))
 @click.command("report")
 @click.argument("paths", nargs=-1, metavar="DIR|FILE...")
 @click.option("--metrics", "select", default=None, metavar="GLOB",
               help="Compare only the metrics whose name matches, e.g. 'wim/*' or '*/qphh@size'.")
 @click.option("--label", "labels", multiple=True, metavar="NAME",
               help="Name of a run in the table (once per DIR, in order; default: the folder name).")
-@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Write the comparison plot here.")
+@click.option("--plot", "plot_path", default=None, type=OUTPUT_FILE, metavar="FILE.png", help="Write the comparison plot here.")
 @click.option("--out", "out_dir", default=None, metavar="DIR",
               help="Write report.json, report.csv and report.png (the comparison) into DIR.")
 @json_option
@@ -45,7 +51,7 @@ def report_cmd(paths, select, labels, plot_path, out_dir, as_json):
         raise UsageError(f"{len(labels)} --label for {len(paths)} results", "give one --label per results folder")
     docs = [model.load(p) for p in paths]
     names = list(labels) if labels else _labels(paths)
-    if len(docs) == 1 and not (plot_path or out_dir):
+    if len(docs) == 1 and not out_dir:
         if as_json:
             emit_json(docs[0])
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tilewise import topology
-from tilewise.cli.common import console, emit_json, json_option, topology_option
+from tilewise.cli.common import OUTPUT_FILE, console, emit_json, json_option, topology_option
 from tilewise.topology import hwloc_xml, render
 
 
@@ -15,7 +15,7 @@ INDEX_LEGEND = "indexes: L# logical (hwloc's order), P# OS; cpu lists are OS CPU
 @click.command("topo")
 @topology_option
 @json_option
-@click.option("--export", "export_path", metavar="FILE", help="Write the topology as hwloc 2.x XML.")
+@click.option("--export", "export_path", type=OUTPUT_FILE, help="Write the topology as hwloc 2.x XML.")
 @click.option("--measure", is_flag=True,
               help="Measure core-to-core latency and bandwidth here and keep them with the topology (and in --export).")
 @click.option("--measure-memory", is_flag=True,

@@ -3,16 +3,19 @@ operators T1-T3, options in workload_tensor.py) under one configuration."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from tilewise import allocators
-from tilewise.cli.common import (AT_LEAST_1, COUNT, NON_NEGATIVE, SECONDS, SEED, Messages, conflicts, console, emit_json,
-                                 explicit, json_option, topology_option)
-from tilewise.cli.workload_tensor import TENSOR_OPTIONS, tensor_options
+from tilewise.cli.common import (AT_LEAST_1, COUNT, Number, NON_NEGATIVE, SECONDS, SEED, Messages, conflicts, console, emit_json,
+                                 json_option, topology_option)
+from tilewise.cli import modes
+from tilewise.cli.workload_tensor import tensor_options
 from tilewise.errors import UsageError
 
+MAX_THREADS = 4096  # more is a typo, not an experiment: refused at parse time, never clamped
 WORKLOAD_NAMES = ("W1", "W2", "W3", "W4", "alloc", "T1", "T2", "T3")
 
 
@@ -31,7 +34,8 @@ def workload_options(f):
                      help="W3/W4: probe rows per build row (default 16); T2: S rows per R row (default 1)."),
         click.option("--ops", type=COUNT, default=None, help="alloc: operations per thread (default 5M)."),
         click.option("--slots", type=COUNT, default=None, help="alloc: live-block slots per thread (default 200K)."),
-        click.option("--threads", "-t", type=AT_LEAST_1, default=None, help="Worker threads (default: the CPUs allowed)."),
+        click.option("--threads", "-t", type=Number(integer=True, min=1, max=MAX_THREADS), default=None,
+                     help=f"Worker threads (default: the CPUs allowed; at most {MAX_THREADS})."),
         click.option("--seed", type=SEED, default=None, help="Dataset seed (default 42)."),
         click.option("--paper-scale", is_flag=True, help="The paper's sizes: 100M/1M (W1, W2), 16M x 256M (W3, W4), 100M ops (alloc); "
                                                           "T3: LiveJournal's size, T1/T2: 10M."),
@@ -67,6 +71,26 @@ def os_options(f):
     return f
 
 
+def _is(*names: str) -> Callable[[dict], bool]:
+    return lambda a: a["name"].strip().upper() in names
+
+
+# which options go with which workloads (cli/modes.py): refused elsewhere, shown in --help
+MODES = modes.declare(
+    modes.Mode("the tensor workloads T1-T3", _is("T1", "T2", "T3"), ("device", "variants_text")),
+    modes.Mode("the tensor workloads T1-T3", _is("T1", "T2", "T3"), ("runs", "warmup", "policy", "instance_id")),
+    modes.Mode("the far-memory study (--mem-variants)", lambda a: a["mem_variants"] is not None,
+               ("runs", "warmup", "policy", "instance_id")),
+    modes.Mode("T1 and T2", _is("T1", "T2"), ("rename_method", "bincount_memory_text")),
+    modes.Mode("T3", _is("T3"), ("scale", "iterations", "tolerance", "damping", "dtype")),
+    modes.Mode("the allocator microbenchmark (alloc)", _is("ALLOC"), ("ops", "slots")),
+    modes.Mode("the workloads W1-W4", _is("W1", "W2", "W3", "W4"), ("mem_variants",),
+               hint="the far-memory study runs W1-W4 (and `tilewise bench tpch --mem-variants`)"),
+    current=lambda a: a["name"].strip(),
+)
+
+
+@MODES
 @click.command("workload")
 @click.argument("name", metavar="W1|W2|W3|W4|alloc|T1|T2|T3")
 @workload_options
@@ -106,26 +130,13 @@ def workload_cmd(name, dataset, records, groups, zipf_exponent, ratio, ops, slot
 
     k = session.Knobs(allocator, mem, placement, config_path, apply_os, thp, autonuma, os_root)
     if mem_variants is not None:
-        if is_tensor_workload(name) or name.strip().lower() == "alloc":
-            raise UsageError(f"--mem-variants applies to the workloads W1-W4, not {name.strip()}",
-                             "the far-memory study runs W1-W4 (and `tilewise bench tpch --mem-variants`)")
         conflicts("--mem-variants", ("mem",), "the variants choose each run's memory policy")
     if is_tensor_workload(name):
         w = name.strip().upper()
-        given = explicit("ops", "slots")
-        if given:
-            raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the allocator "
-                             f"microbenchmark (alloc), not {w}")
         p = wt.make_params(w, dataset, records, groups, zipf_exponent, ratio, threads, seed, paper_scale, device,
                            variants_text, rename_method, bincount_memory_text, scale, iterations, tolerance, damping,
                            dtype, runs, warmup)
         return wt.run(p, k, policy, instance_id, timeout, dry_run, out_dir, topology_src, as_json)
-    # the far-memory study runs in a tile of a plan, several times per variant
-    study = ("runs", "warmup", "policy", "instance_id") if mem_variants is not None else ()
-    given = explicit(*(o for o in TENSOR_OPTIONS if o not in study))
-    if given:
-        raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to the tensor workloads "
-                         f"T1-T3, not {name.strip()}")
     try:
         w = wl.canonical(name)
     except UsageError:

@@ -15,34 +15,30 @@ from tilewise.cli.common import (AT_LEAST_1, INDEX, NON_NEGATIVE, Messages, Numb
                                  parse_size)
 from tilewise.errors import UsageError
 
-TENSOR_OPTIONS = ("device", "rename", "bincount_memory", "scale", "iterations", "tolerance", "damping", "dtype",
-                  "variants", "runs", "warmup", "policy", "instance_id")
-
-
 def tensor_options(f):
     opts = [
         click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N|:UUID]",
-                     help="T1-T3: where the tensor program runs (cuda: the GPU's process sees only that GPU)."),
+                     help="Where the tensor program runs (cuda: the GPU's process sees only that GPU)."),
         click.option("--variants", "variants_text", default=None, metavar="LIST",
-                     help="T1-T3: what to run, e.g. eager,compiled,native,duckdb (T3: eager,compiled,scipy; "
+                     help="What to run, e.g. eager,compiled,native,duckdb (T3: eager,compiled,scipy; "
                           "GPU: cudf, cugraph); default all that apply."),
         click.option("--rename", "rename_method", default="auto", show_default=True, metavar="auto|none|offset|dense",
-                     help="T1/T2: tuple renaming before bincount (offset: keys - min; dense: rank among distinct keys)."),
+                     help="Tuple renaming before bincount (offset: keys - min; dense: rank among distinct keys)."),
         click.option("--bincount-memory", "bincount_memory_text", default=None, metavar="SIZE",
-                     help="T1/T2: most memory bincount's counters may take (default a quarter of what is free)."),
+                     help="Most memory bincount's counters may take (default a quarter of what is free)."),
         click.option("--scale", type=Number(min=0, min_open=True, max=64), default=None,
-                     help="T3: graph size as a factor of LiveJournal's 4.85M nodes / 69M edges (default 0.01)."),
-        click.option("--iterations", type=AT_LEAST_1, default=None, help="T3: PageRank iterations at most (default 50)."),
+                     help="Graph size as a factor of LiveJournal's 4.85M nodes / 69M edges (default 0.01)."),
+        click.option("--iterations", type=AT_LEAST_1, default=None, help="PageRank iterations at most (default 50)."),
         click.option("--tolerance", type=NON_NEGATIVE, default=None,
-                     help="T3: stop when the L1 change of the ranks falls below this (default 0: run all iterations)."),
+                     help="Stop when the L1 change of the ranks falls below this (default 0: run all iterations)."),
         click.option("--damping", type=Number(min=0, max=1, min_open=True, max_open=True), default=None,
-                     help="T3: damping factor (default 0.85)."),
-        click.option("--dtype", default=None, metavar="float64|float32", help="T3: rank type (default float64)."),
-        click.option("--runs", type=AT_LEAST_1, default=3, show_default=True, help="T1-T3: timed runs per variant."),
-        click.option("--warmup", type=INDEX, default=1, show_default=True, help="T1-T3: untimed runs per variant first."),
+                     help="Damping factor (default 0.85)."),
+        click.option("--dtype", default=None, metavar="float64|float32", help="Rank type (default float64)."),
+        click.option("--runs", type=AT_LEAST_1, default=3, show_default=True, help="Timed runs per variant."),
+        click.option("--warmup", type=INDEX, default=1, show_default=True, help="Untimed runs per variant first."),
         click.option("--policy", default=None, metavar="POLICY",
-                     help="T1-T3: run inside one tile of this plan (win: a NUMA node; see tilewise plan)."),
-        click.option("--instance", "-i", "instance_id", type=INDEX, default=None, help="T1-T3: which tile of --policy (default 0)."),
+                     help="Run inside one tile of this plan (win: a NUMA node; see tilewise plan)."),
+        click.option("--instance", "-i", "instance_id", type=INDEX, default=None, help="Which tile of --policy (default 0)."),
     ]
     for o in reversed(opts):
         f = o(f)

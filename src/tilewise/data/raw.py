@@ -26,6 +26,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from tilewise import userfiles
 from tilewise.data import Dataset, store
 from tilewise.data.sources import EXTENSIONS, TableSource, arrow_type, parquet, type_name
 from tilewise.errors import TilewiseError, UsageError
@@ -195,12 +196,9 @@ def _candidates(d: Path) -> dict[str, tuple[str, list[Path]]]:
 def read_schema(d: Path) -> dict:
     """schema.json of a raw directory ({} when there is none); a damaged one is an error."""
     p = Path(d) / SCHEMA
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         return {}
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{p} is not readable JSON ({e})", "fix it or remove it to infer the columns") from None
+    doc = userfiles.read_json(p, "the schema", "fix it or remove it to infer the columns")
     if not isinstance(doc, dict) or doc.get("format") != SCHEMA_FORMAT or not isinstance(doc.get("tables"), dict):
         raise UsageError(f"{p} is not a tilewise schema ({SCHEMA_FORMAT})",
                          'write {"format": "tilewise-schema/1", "tables": {"t": {"columns": [["a", "int64"], ...]}}}')
@@ -253,6 +251,17 @@ def _source(t: str, fmt: str, files: list[Path], decl: dict | None) -> TableSour
     names = tuple(str(f) for f in files)
     if fmt == "parquet":
         return parquet(t, names, layout="parquet")
+    src = _text_source(t, fmt, names, decl)
+    seen: set[str] = set()
+    for c, _ in src.columns:  # engines bind columns by name: a name given twice cannot be queried
+        if c.lower() in seen:
+            where = f"{SCHEMA} beside it" if decl else f"the header of {names[0]}"
+            raise UsageError(f"table {t}: column {c!r} is named twice in {where}", "give every column its own name")
+        seen.add(c.lower())
+    return src
+
+
+def _text_source(t: str, fmt: str, names: tuple[str, ...], decl: dict | None) -> TableSource:
     if decl:
         try:
             cols = tuple((str(c), str(ty)) for c, ty in decl["columns"])
@@ -287,13 +296,11 @@ def _sniff(path: str) -> tuple[str, bool]:
         delim = dialect.delimiter
     except csv.Error:
         delim = ","
-    try:
-        header = csv.Sniffer().has_header(sample)
-    except csv.Error:
-        # the sniffer decides nothing on one column, or rows of uneven length: a first line whose
-        # fields are all names (not numbers) is a header, as a CSV table's first line must be
-        first = next(csv.reader([lines[0]], delimiter=delim), []) if lines else []
-        header = bool(first) and all(f.strip() and not _is_number(f) for f in first)
+    # a first line whose fields are all names (none empty, none a number) is a header, as a CSV table's
+    # first line must be. csv.Sniffer.has_header votes by column types and lengths: "a,b" over "1,x"
+    # is a tie it calls no header, and it decides nothing on one column or rows of uneven length
+    first = next(csv.reader([lines[0]], delimiter=delim), []) if lines else []
+    header = bool(first) and all(f.strip() and not _is_number(f) for f in first)
     return delim, header
 
 

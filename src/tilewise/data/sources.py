@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tilewise import userfiles
 from tilewise.errors import TilewiseError
 
 FORMATS = ("parquet", "csv", "tbl", "json")
@@ -155,12 +156,10 @@ class TableSource:
 
 def parquet(table: str, files, *, layout: str = "", sort: str | None = None) -> TableSource:
     """A Parquet source of files (sorted by name, which is their row order), rows from the footers."""
-    import pyarrow.parquet as pq
-
     files = tuple(sorted(str(f) for f in files))
     rows, groups = 0, []
     for f in files:
-        md = pq.read_metadata(f)
+        md = userfiles.parquet_file(f, f"table {table}:").metadata
         rows += md.num_rows
         groups.append(md.num_row_groups)
     return TableSource(table, "parquet", files, rows=rows, layout=layout, sort=sort,

@@ -14,6 +14,7 @@ builder under the same lock, so partial output is never read and never accumulat
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -58,22 +59,32 @@ def read_manifest(d: Path) -> dict | None:
 
 def is_valid(d: Path, fmt: str, tables: tuple[str, ...]) -> bool:
     """True when d holds a complete set of format fmt: manifest, every table, sizes and footers match."""
+    return problem(d, fmt, tables) is None
+
+
+def problem(d: Path, fmt: str | None, tables: tuple[str, ...]) -> str | None:
+    """What is wrong with the set in d (None: it is complete and intact): "no set" when it holds none,
+    else the first damage found (a table missing, cut short, or not what its manifest says)."""
+    man = read_manifest(d)
+    if not isinstance(man, dict):
+        return "no set"
+    if fmt is not None and man.get("format") != fmt:
+        return f"a set of another format ({man.get('format')!r})"
     try:
-        man = read_manifest(d)
-        if not man or man.get("format") != fmt:
-            return False
         import pyarrow.parquet as pq
 
         for t in tables:
             f = Path(d) / f"{t}.parquet"
             info = man["tables"][t]
+            if not f.exists():
+                return f"{f.name} is missing"
             if f.stat().st_size != info["bytes"]:
-                return False
+                return f"{f.name} is {f.stat().st_size:,} bytes where its manifest says {info['bytes']:,}"
             if pq.read_metadata(f).num_rows != info["rows"]:
-                return False
-        return True
-    except Exception:  # any unreadable piece means "rebuild"
-        return False
+                return f"{f.name} holds other rows than its manifest says"
+        return None
+    except Exception as e:  # any unreadable piece means "rebuild"
+        return f"it cannot be read ({' '.join(str(e).split())[:120]})"
 
 
 def table_info(d: Path, tables: tuple[str, ...]) -> dict:
@@ -107,10 +118,12 @@ def locked(target: Path, option: str = "--data-dir"):
     removed after it (fsutil.locked_file), so a data folder keeps no lock file of a build; a
     UsageError names the directory, and the option that chooses it, when it cannot be made."""
     def cannot(e: OSError) -> UsageError:
-        return UsageError(f"cannot use directory {target.parent}: {e.strerror}", f"pass {option} DIR")
+        why = ("a part of the path is a file, not a folder" if e.errno in (errno.EEXIST, errno.ENOTDIR)
+               else e.strerror)
+        return UsageError(f"cannot use directory {target.parent}: {why}", f"pass {option} DIR")
 
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        fsutil.make_dirs(target.parent)
     except OSError as e:
         raise cannot(e) from None
     return fsutil.locked_file(target.parent / f".{target.name}.lock", cannot=cannot)

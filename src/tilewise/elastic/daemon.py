@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tilewise import cpulist
+from tilewise import cpulist, userfiles
 from tilewise.elastic import modes, petri
 from tilewise.elastic.enforce import Enforcer
 from tilewise.elastic.metrics import CLK_TCK, CpuMeter, FdCache, ProcFS, cgroup_tasks
@@ -429,27 +429,21 @@ def load_trace(path: str) -> list[dict]:
     pages_0, pages_1, ... columns (CSV) for the adaptive mode.
     """
     import csv
-    import json
 
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise UsageError(f"cannot read trace {path}: {e.strerror}") from None
+    text = userfiles.read_text(path, "trace", "give a CSV (time,demand or time,load) or an elastic log")
     rows: list[dict] = []
     stripped = text.lstrip()
     if stripped.startswith("{"):
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                d = json.loads(line)
-            except ValueError:
-                raise UsageError(f"{path}:{i}: not a JSON object") from None
+            d = userfiles.parse_json(line, path, "trace", line=i)
+            if not isinstance(d, dict):
+                raise UsageError(f"trace {path}:{i}: not a JSON object")
             if d.get("event") or d.get("format"):  # an elastic log: its header and events are no ticks
                 continue
             rows.append(_trace_row(path, i, d.get("time", d.get("t")), d.get("demand"), d.get("load", d.get("u")),
-                                   d.get("pages")))
+                                   d.get("pages"), rows[-1]["time"] if rows else None))
     else:
         reader = csv.DictReader(text.splitlines())
         if not reader.fieldnames or "time" not in reader.fieldnames or not ({"demand", "load"} & set(reader.fieldnames)):
@@ -457,13 +451,17 @@ def load_trace(path: str) -> list[dict]:
                              "e.g. time,demand then 0,0.5 per line")
         for i, r in enumerate(reader, 2):
             pages = {k[6:]: r[k] for k in r if k and k.startswith("pages_") and r[k] not in (None, "")}
-            rows.append(_trace_row(path, i, r.get("time"), r.get("demand") or None, r.get("load") or None, pages or None))
+            rows.append(_trace_row(path, i, r.get("time"), r.get("demand") or None, r.get("load") or None, pages or None,
+                                   rows[-1]["time"] if rows else None))
     if not rows:
         raise UsageError(f"trace {path} has no rows")
     return rows
 
 
-def _trace_row(path, i, t, demand, load, pages) -> dict:
+def _trace_row(path, i, t, demand, load, pages, previous: float | None = None) -> dict:
+    """One tick of a trace, its values checked: finite, time never running backwards, demand and pages
+    not negative (a measured load may pass 100 %: the engine's other threads count too)."""
+    where = f"trace {path}:{i}"
     try:
         row = {"time": float(t)}
         if demand is not None:
@@ -473,9 +471,20 @@ def _trace_row(path, i, t, demand, load, pages) -> dict:
         else:
             raise ValueError
         if pages:
-            row["pages"] = {int(k): int(float(v)) for k, v in pages.items()}
-    except (TypeError, ValueError):
-        raise UsageError(f"{path}:{i}: needs a number for time and for demand or load") from None
+            row["pages"] = {int(k): float(v) for k, v in pages.items()}
+    except (TypeError, ValueError, AttributeError):
+        raise UsageError(f"{where}: needs a number for time and for demand or load (and pages per node)") from None
+    for name, v in (("time", row["time"]), ("demand", row.get("demand", 0.0)), ("load", row.get("load", 0.0)),
+                    *((f"pages of node {k}", v) for k, v in row.get("pages", {}).items())):
+        if v != v or v in (float("inf"), float("-inf")):
+            raise UsageError(f"{where}: {name} is {v}, not a finite number")
+        if v < 0 and name != "time":
+            raise UsageError(f"{where}: {name} is {v:g}; it cannot be negative")
+    if previous is not None and row["time"] < previous:
+        raise UsageError(f"{where}: time runs backwards ({row['time']:g} after {previous:g})",
+                         "sort the trace by time")
+    if "pages" in row:
+        row["pages"] = {k: int(v) for k, v in row["pages"].items()}
     return row
 
 

@@ -309,7 +309,7 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
         raise UsageError(f"--th-min must be below --th-max (got {cfg.th_min:g}, {cfg.th_max:g})")
     spec = engines.get(cfg.engine)
     check_engine(spec)
-    why = spec.missing()
+    why = spec.why_not()
     if why:
         raise UsageError(f"{spec.title} cannot run here: {why}")
     wl = check_choice(cfg.workloads, WORKLOADS, "workload")

@@ -55,4 +55,4 @@ def specs(where: Callable[[EngineSpec], bool] | None = None) -> list[EngineSpec]
 
 def missing(name: str) -> str | None:
     """Why engine `name` cannot run here (what to install), or None when it can."""
-    return get(name).missing()
+    return get(name).why_not()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from tilewise import cpulist, procs, signals, sqlrewrite, verification
+from tilewise import cpulist, envvars, procs, signals, sqlrewrite, verification
 from tilewise.binding import Binding
 from tilewise.engines.memory import MemoryKnob
 from tilewise.engines.splits import SplitRule
@@ -115,6 +115,12 @@ class EngineSpec:
     # how it splits a scan of Parquet files over its tiles (engines.splits; None: a query runs on one
     # instance, or the engine does not say): `bench --layout` predicts each tile's files and row groups
     scan_split: SplitRule | None = None
+    # the environment variables it reads (tilewise.envvars.Var): a bad value is why it cannot run
+    env: tuple = ()
+
+    def why_not(self) -> str | None:
+        """Why it cannot run here: a bad value in one of its environment variables, or what is missing."""
+        return envvars.problem(self.env) or self.missing()
 
     def runtime_class(self) -> type[Runtime]:
         module, _, attr = self.runtime.partition(":")

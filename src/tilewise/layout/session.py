@@ -105,7 +105,7 @@ def check(cfg: Config) -> None:
         raise UsageError(f"{spec.title} loads Parquet into memory and reads no file in place: a layout does not "
                          "change what it does per query",
                          f"use --engine {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.reads))}")
-    why = spec.missing()
+    why = spec.why_not()
     if why:
         raise TilewiseError(f"{spec.title} cannot run here: {why}")
 

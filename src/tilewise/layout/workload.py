@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tilewise.data.predicates import Predicate, parse, filters_on, predicates  # noqa: F401 - the workload's API
+from tilewise import userfiles
 from tilewise.errors import UsageError
 
 
@@ -38,10 +39,8 @@ def from_file(path: str | Path) -> list[Statement]:
     from sqlglot.errors import ParseError, TokenError
 
     p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read the workload file {p}: {getattr(e, 'strerror', None) or e}") from None
+    text = userfiles.read_text(p, "the workload file", "give a file of SQL statements, each ending with ';'",
+                               devices=True)
     try:
         parts = _split(text)
     except TokenError as e:

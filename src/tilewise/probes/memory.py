@@ -455,7 +455,12 @@ def run(cfg: Config, reporter: Reporter | None = None, *, writer: Callable[[dict
     inits, notes = choose_initiators(t, cfg.initiators, cfg.cpus, allowed, smt=cfg.smt)
     targets, tnotes = choose_targets(t, cfg.targets, _mems_allowed())
     notes += tnotes
-    asked = thread_counts(cfg.threads, max(len(i.cpus) for i in inits))
+    most = max(len(i.cpus) for i in inits)
+    asked = thread_counts(cfg.threads, most)
+    over = [c for c in asked if c > most]
+    if over:  # never clamped: a count no initiator can run is refused, not left out
+        raise UsageError(f"--threads {cfg.threads}: {over[0]} threads is more than any initiator's CPUs "
+                         f"(at most {most})", f"use counts of 1 to {most}")
     if cfg.size is not None:
         if cfg.size < MIN_SIZE:
             raise UsageError(f"--size {cfg.size}: at least {MIN_SIZE // 2**20} MiB", "the buffer must be far larger than the caches")
@@ -471,6 +476,9 @@ def run(cfg: Config, reporter: Reporter | None = None, *, writer: Callable[[dict
     per_init = {i.name: clamp_threads(asked, len(i.cpus)) for i in inits}
     for i in inits:
         left = [c for c in asked if c not in per_init[i.name]]
+        if not per_init[i.name]:
+            raise UsageError(f"--threads {cfg.threads}: initiator {i.name} has {len(i.cpus)} CPU(s), fewer than every "
+                             "count asked", f"add a count of 1 to {len(i.cpus)}, or leave --threads out")
         if left:
             notes.append(f"{i.name}: thread count(s) {', '.join(map(str, left))} left out (it has {len(i.cpus)} CPUs)")
     firmware = fw.read()

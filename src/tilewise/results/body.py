@@ -13,7 +13,8 @@ A result kind declares what its documents hold as dataclasses deriving from ``Re
     q.to_json()                    # {"times_s": [1.0], "median_s": 1.0, "rows": 4}
 
 Fields are converted by their annotations: a ``Record`` from an object, ``list[T]``, ``dict[str, T]``
-and ``T | None`` recursively; anything else is taken as it is. Every field has a default, so a
+and ``T | None`` recursively; a number, text or true/false field is checked to hold one (or null);
+anything else is taken as it is. Every field has a default, so a
 document an older tilewise wrote (with fewer keys) reads; keys a kind does not declare are kept in
 ``extra``, and a declared key the source did not have is not written back, so
 ``from_json(d).to_json() == d`` for every document (the tests check it on the checked-in files).
@@ -55,7 +56,9 @@ class Record:
         try:
             return cls._read(d)
         except _Shape as e:
-            raise UsageError(f"{where}{''.join(e.path)} is not {e.want} (found {e.found})",
+            place = "".join(e.path).lstrip(".")
+            raise UsageError(f"{where}: {place} is not {e.want} (found {e.found})" if place else
+                             f"{where} is not {e.want} (found {e.found})",
                              "is the file a tilewise results document?") from None
 
     @classmethod
@@ -102,7 +105,13 @@ class _Shape(Exception):
 
     def __init__(self, want: str, value: Any) -> None:
         super().__init__(want)
-        self.want, self.found, self.path = want, type(value).__name__, []
+        self.want, self.path = want, []
+        self.found = f"{type(value).__name__} {_shown(value)}" if isinstance(value, (str, int, float)) else type(value).__name__
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 32 else text[:29] + "..."
 
 
 @cache
@@ -133,7 +142,24 @@ def _converter(hint: Any) -> Callable | None:
     if origin is dict:
         args = get_args(hint)
         return _dict(_converter(args[1]) if len(args) == 2 else None)
+    if hint in _SCALARS:
+        return _scalar(*_SCALARS[hint])
     return None
+
+
+# a scalar field's JSON types (true/false is no number); null reads as an unset value
+_SCALARS = {float: ((int, float), "a number"), int: ((int,), "a whole number"), str: ((str,), "text"),
+            bool: ((bool,), "true or false")}
+
+
+def _scalar(types_: tuple, want: str) -> Callable:
+    number = bool not in types_
+
+    def read(v: Any) -> Any:
+        if v is None or (isinstance(v, types_) and not (number and isinstance(v, bool))):
+            return v
+        raise _Shape(want, v)
+    return read
 
 
 def _list(conv: Callable | None) -> Callable:

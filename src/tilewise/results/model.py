@@ -39,6 +39,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tilewise import userfiles
 from tilewise.environment import capture
 from tilewise.errors import UsageError
 from tilewise.results import kinds
@@ -143,32 +144,38 @@ def load(path: str | os.PathLike, *, name: str = "results.json") -> dict:
     if p.is_dir():
         cands = [p / name] + sorted(p.glob("*.json"))
         p = next((c for c in cands if c.is_file() and _looks_like_results(c)), p / name)
+    data = userfiles.read_bytes(p, "results", "give a results folder or results.json")
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise UsageError(f"cannot read {p}: {e.strerror or e}", "give a results folder or results.json") from None
-    except UnicodeDecodeError:
+        text = userfiles.decode(data, p)
+    except UsageError:
         raise NotResults(f"{p} is not a results document (not text)") from None
     try:
         doc = json.loads(text)
+    except RecursionError:
+        raise UsageError(f"results {p}: nests deeper than {userfiles.MAX_DEPTH} levels",
+                         "is it a file tilewise wrote?") from None
     except ValueError as e:
         doc = _json_lines(text, p, e)
-    return upgrade(doc, str(p))
+    if userfiles.depth(doc) > userfiles.MAX_DEPTH:
+        raise UsageError(f"results {p}: nests deeper than {userfiles.MAX_DEPTH} levels", "is it a file tilewise wrote?")
+    doc = upgrade(doc, str(p))
+    kinds.get(doc["kind"]).document.from_json(doc, str(p))  # every value of its kind's type, or the one that is not
+    return doc
 
 
 def _json_lines(text: str, p: Path, first_error: ValueError) -> dict:
     lines = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
     try:
         head = json.loads(lines[0][1]) if lines else None
-    except ValueError:
+    except (ValueError, RecursionError):
         head = None
     if not isinstance(head, dict):
         raise UsageError(f"{p} is not valid JSON: {first_error}") from None
     records, warnings = [], []
     for k, (i, line) in enumerate(lines[1:], 2):
         try:
-            records.append(json.loads(line))
-        except ValueError:
+            records.append(userfiles.parse_json(line, p, line=i))
+        except UsageError:
             if k == len(lines):  # a last line cut short: the writer was killed mid-line; the rest is whole
                 warnings.append(f"{p}:{i}: the last line is cut short (the writer stopped while writing it); "
                                 "it is left out")
@@ -182,7 +189,7 @@ def _json_lines(text: str, p: Path, first_error: ValueError) -> dict:
 
 def _looks_like_results(p: Path) -> bool:
     try:
-        with open(p) as f:
+        with open(p, errors="replace") as f:
             head = f.read(4096)
     except OSError:
         return False

@@ -36,14 +36,15 @@ def load(src: str | os.PathLike | None = None) -> Topology:
         s = s[len("xml:"):]
     if os.path.isdir(s):
         return sysfs.load(s)
-    if not os.path.exists(s):
+    if not os.path.lexists(s):
         raise UsageError(
             f"topology source {s!r} is not a file",
             "give an hwloc XML file, sysfs:<dir>, or synthetic:<description>",
         )
+    from tilewise import userfiles
     from tilewise.topology import hwloc_xml  # an XML parser: only for this source
 
-    return hwloc_xml.load(s)
+    return hwloc_xml.load(s, text=userfiles.read_bytes(s, "topology file", "produce it with `lstopo --of xml FILE`"))
 
 
 def is_live(t: Topology) -> bool:

@@ -390,7 +390,7 @@ def _numbers(elements, where: str, what: str) -> list[int]:
     return [int(w) for w in words]
 
 
-def load(path: str | os.PathLike, *, text: str | None = None) -> Topology:
+def load(path: str | os.PathLike, *, text: str | bytes | None = None) -> Topology:
     source = str(path)
     try:
         root = ET.fromstring(text) if text is not None else ET.parse(path).getroot()

@@ -124,7 +124,7 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     """The sweep; returns the results document (also given to reporter.done)."""
     rep = reporter or Reporter()
     spec = engines.get(cfg.engine)
-    why = spec.missing()
+    why = spec.why_not()
     if why:
         raise UsageError(f"{spec.title} cannot run here: {why}")
     bench = benchmarks.get(cfg.benchmark)

@@ -8,14 +8,13 @@ and `tilewise workload --config` read back.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tilewise import __version__, allocators, cpulist
+from tilewise import __version__, allocators, cpulist, userfiles
 from tilewise.binding import Binding
 from tilewise.errors import UsageError
 from tilewise.fsutil import atomic_write_json
@@ -221,13 +220,7 @@ def save_config(path: str, tf: TunedFile) -> None:
 
 
 def load_config(path: str) -> TunedFile:
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"configuration file {path} does not exist", "write one with `tilewise tune --out DIR`") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"cannot read configuration {path}: {e}") from None
+    doc = userfiles.read_json(path, "configuration", "write one with `tilewise tune --out DIR`")
     if not isinstance(doc, dict) or doc.get("format") != CONFIG_FORMAT:
         raise UsageError(f"{path} is not a tilewise tuned configuration (format {CONFIG_FORMAT!r})")
     if doc.get("version") != CONFIG_VERSION:

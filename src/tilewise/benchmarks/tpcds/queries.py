@@ -240,4 +240,4 @@ def _scale(sf: float) -> float:
 PARAMS = ParamSets(("streams", "qualification"), "streams",
                    "streams (default: each stream's parameters drawn by dsqgen from --seed, as a TPC-DS run does) or "
                    "qualification (the specification's qualification values in every stream)",
-                   StreamQuerySet)
+                   StreamQuerySet, fixed=("qualification",))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.memory import MemoryKnob
-from tilewise.engines.postgres import home
+from tilewise.engines.postgres import env, home
 from tilewise.engines.postgres.dialect import dialect
 from tilewise.engines.postgres.settings import MEMORY_FRACTION, MEMORY_MIN_MB
 
@@ -43,4 +43,5 @@ SPEC = EngineSpec(
     install_help=home.PART.size,
     dialect=dialect,  # dialect.py: its rewrites of benchmark queries
     endpoint_label="files in",
+    env=env.ALL,
 )

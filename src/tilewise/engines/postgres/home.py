@@ -22,11 +22,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tilewise.engines.postgres import env
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.parts import Part, apt_install, missing_debian
 
-BIN_VAR = "TILEWISE_POSTGRES_BIN"
-USER_VAR = "TILEWISE_POSTGRES_USER"
+BIN_VAR = env.BIN.name
+USER_VAR = env.USER.name
 DEFAULT_USER = "tilewise"
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
 PART = Part("postgres", extra="postgres", group="engines",
@@ -54,7 +55,7 @@ def _has_server(d: Path) -> bool:
 
 def bindir() -> Path:
     """The directory holding the server binaries (postgres, initdb); PostgresError naming the fix."""
-    given = os.environ.get(BIN_VAR)
+    given = env.BIN.value()
     if given:
         d = Path(given)
         if not _has_server(d):
@@ -141,7 +142,7 @@ def run_as(euid: int | None = None, environ: dict | None = None, lookup=pwd.getp
         except KeyError:
             name = str(euid)
         return RunAs(name, euid, os.getegid(), False)
-    name = environ.get(USER_VAR) or DEFAULT_USER
+    name = env.USER.value(environ) or DEFAULT_USER
     try:
         pw = lookup(name)
     except KeyError:

@@ -47,7 +47,7 @@ from pathlib import Path
 from tilewise import changes, cpulist, launch, procs, verification
 from tilewise.binding import Binding
 from tilewise.engines.contract import QueryResult
-from tilewise.engines.postgres import SPEC, home, load, settings
+from tilewise.engines.postgres import SPEC, env, home, load, settings
 from tilewise.engines.postgres.home import PostgresError
 from tilewise.engines.procgroup import Member, ProcessCluster, free_port, log_tail
 from tilewise.engines.replicas import Router
@@ -55,8 +55,8 @@ from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import atomic_write
 from tilewise.plan import Plan
 
-DIR_VAR = "TILEWISE_POSTGRES_DIR"
-PORT_VAR = "TILEWISE_POSTGRES_PORT"
+DIR_VAR = env.DIR.name
+PORT_VAR = env.PORT.name
 DEFAULT_BASE = Path("/var/tmp")
 READY_RE = re.compile(r"database system is ready to accept connections")
 START_TIMEOUT_S = 120.0
@@ -97,17 +97,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def base_port(environ: dict | None = None) -> int | None:
-    text = (os.environ if environ is None else environ).get(PORT_VAR)
-    if not text:
-        return None
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1024 <= port <= 65535:
-        raise UsageError(f"{PORT_VAR}={text!r} is not a port number (1024-65535)",
-                         "set it to the first instance's port, or unset it (tilewise picks free ports)")
-    return port
+    return env.PORT.value(environ)
 
 
 def traversable(path: Path, uid: int, gids: set[int]) -> Path | None:
@@ -151,7 +141,7 @@ class PostgresServers(ProcessCluster):
 
     def _server_root(self) -> Path:
         """The deployment's directory for data and sockets (journaled before it is made)."""
-        base = Path(os.environ.get(DIR_VAR) or DEFAULT_BASE)
+        base = env.DIR.value() or Path(DEFAULT_BASE)
         u = self.user
         if not base.is_dir():
             raise UsageError(f"{DIR_VAR}={base} is not a directory", f"create it or set {DIR_VAR} to a writable one")

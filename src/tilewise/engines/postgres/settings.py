@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tilewise.errors import UsageError
+from tilewise.engines.postgres import env
 
 MEMORY_FRACTION = 0.75  # the default share of the instance's node memory (the knob's default)
 MEMORY_MIN_MB = 256  # below this the server and a TPC-H query do not fit
@@ -46,7 +46,7 @@ WORK_MEM_MIN_MB, WORK_MEM_MAX_MB = 4, 2048
 MAINTENANCE_MIN_MB, MAINTENANCE_MAX_MB = 64, 2048
 EXTRA_WORKERS = 8  # background workers beyond the parallel query workers
 JIT_DEFAULT = False  # measured: docs/postgres.md, "Settings"
-JIT_VAR = "TILEWISE_POSTGRES_JIT"  # on | off: overrides JIT_DEFAULT (to measure it again)
+JIT_VAR = env.JIT.name  # on | off: overrides JIT_DEFAULT (to measure it again)
 ROLE = "tilewise"  # the bootstrap superuser every instance has
 DATABASE = "tilewise"  # the database the data set is loaded into
 
@@ -78,12 +78,8 @@ def io_settings(rotational: bool | None) -> dict[str, str]:
 
 def jit_choice(environ: dict | None = None) -> bool:
     """JIT_DEFAULT, or $TILEWISE_POSTGRES_JIT (on/off) when set."""
-    text = (os.environ if environ is None else environ).get(JIT_VAR, "").strip().lower()
-    if not text:
-        return JIT_DEFAULT
-    if text not in ("on", "off"):
-        raise UsageError(f"{JIT_VAR}={text!r} is neither on nor off", "unset it for the measured default")
-    return text == "on"
+    text = env.JIT.value(environ)
+    return JIT_DEFAULT if text is None else text == "on"
 
 
 def server_settings(cores: int, memory_mb: int, *, rotational: bool | None, jit: bool | None = None) -> dict[str, str]:

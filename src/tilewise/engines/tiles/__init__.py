@@ -51,4 +51,5 @@ SPEC = EngineSpec(
     endpoint_label="coordinator",
     # scan_split: not stated yet (the crate's file-group assignment to tasks is to be modelled with
     # the file-affinity routing)
+    env=(build.CACHE,),
 )

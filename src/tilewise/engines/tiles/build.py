@@ -22,17 +22,19 @@ import subprocess
 import time
 from pathlib import Path
 
-from tilewise import dirs
+from tilewise import dirs, envvars
 from tilewise.errors import TilewiseError
 
 CRATE = Path(__file__).resolve().parents[4] / "native" / "tiles"
 BINARY = "tilewise-tiles"
 PROFILE = "tilewise"
-CACHE_VAR = "TILEWISE_TILES_CACHE"
+CACHE = envvars.Var("TILEWISE_TILES_CACHE", envvars.directory, "a directory",
+                     "set it to a writable directory for the engine's build, or unset it")
+CACHE_VAR = CACHE.name
 
 
 def cache_root() -> Path:
-    return dirs.cache_dir("tiles", override=CACHE_VAR)
+    return dirs.cache_dir("tiles", override=CACHE)
 
 
 def _sources() -> list[Path]:

