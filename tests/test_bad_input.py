@@ -61,7 +61,7 @@ CASES = [
     ("1", ["report", F["results-strings.json"]], {}, "metrics[0].values[0] is not a number (found str 'fast')"),
     ("1", ["up", "--data", F["tables-dup/t.csv"].rsplit("/", 1)[0]], {}, "column 'a' is named twice"),
     ("1", ["bench", "tpch"], {"TILEWISE_STATE_DIR": F["image.png"]}, "TILEWISE_STATE_DIR="),
-    ("1", ["up"], {"TILEWISE_STATE_DIR": F["image.png"]}, "cannot be a directory: is a file, not a folder"),
+    ("1", ["up"], {"TILEWISE_STATE_DIR": F["image.png"]}, "is not a directory: it is a file"),
     ("1", ["topo", "--topology", F["fifo"]], {}, "is a FIFO (named pipe), not a file"),
     ("1", ["exec", "--plan", F["plan-bad.json"], "--", "true"], {}, "malformed plan"),
     # 2: options that do not apply are refused
@@ -104,7 +104,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("cls,argv,env,says", CASES, ids=[f"{c}:{' '.join(a[:3])}" for c, a, _, _ in CASES])
+def _id(cls: str, argv: list[str]) -> str:
+    return f"{cls}:" + " ".join(Path(a).name if a.startswith("/") else a for a in argv[:4])
+
+
+@pytest.mark.parametrize("cls,argv,env,says", CASES, ids=[_id(c, a) for c, a, _, _ in CASES])
 def test_bad_input_is_one_line_and_leaves_nothing(cls, argv, env, says):
     with sandbox(env) as root:
         before = _tree(root, INPUTS)
@@ -191,7 +195,7 @@ def test_environment_variables_are_declared_and_parsed_once():
     assert envvars.problem([port], {"P": "80"}) == "P='80' is not a port number (1024-65535); unset it"
     assert envvars.problem([port], {"P": "8080"}) is None
     d = envvars.Var("D", envvars.directory, "a directory", "unset it")
-    assert "cannot be a directory: is a file, not a folder" in envvars.problem([d], {"D": str(FILES["image.png"])})
+    assert "is not a directory: it is a file" in envvars.problem([d], {"D": str(FILES["image.png"])})
     assert "a part of the path is a file" in envvars.problem([d], {"D": str(FILES["under-a-file"])})
     from tilewise import engines
 

@@ -42,7 +42,7 @@ def _bench(engine: str, queries: str, data, tmp_path, *extra: str, timeout: floa
 
 
 @pytest.mark.spark
-@pytest.mark.slow  # 38 s; Spark's path is covered by the TPC-H end-to-end test, TPC-DS by DuckDB's and Trino's
+@pytest.mark.slow  # 38 s; Spark's path is covered by the TPC-H end-to-end test, TPC-DS by DuckDB's
 def test_bench_tpcds_spark_validated(data, tmp_path):
     doc = _bench("spark", SPARK_QUERIES, data, tmp_path)
     qs = doc["policies"]["wim"]["queries"]
@@ -52,6 +52,7 @@ def test_bench_tpcds_spark_validated(data, tmp_path):
 
 
 @pytest.mark.trino
+@pytest.mark.slow  # 57 s; Trino's bench path and its typing are covered by its TPC-H end-to-end test
 @pytest.mark.usefixtures("trino_ready")
 def test_bench_tpcds_trino_validated(data, tmp_path):
     doc = _bench("trino", TRINO_QUERIES, data, tmp_path, "--worker-memory", "1g")

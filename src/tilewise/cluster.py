@@ -286,7 +286,8 @@ def start(cfg: Config, reporter: Reporter | None = None) -> dict:
     per_mb = _worker_mb(spec, cfg.worker_memory)
     coord_mb = _coordinator_mb(spec, cfg.coordinator_memory)
     exchange = spec.check_exchange(cfg.exchange)
-    why = spec.why_not()
+    spec.check_env()  # a bad TILEWISE_* value: usage (exit 2)
+    why = spec.missing()
     if why:
         raise TilewiseError(f"{spec.title} cannot run here: {why}")
     t = topology.load(cfg.topology_src)
@@ -346,7 +347,8 @@ def up(plan: Plan, *, engine: str, name: str, allocator: str, worker_memory_mb: 
     if join and not spec.capabilities.join:
         raise UsageError(f"{engine} workers cannot join a cluster on another host",
                          f"join works for {', '.join(s.name for s in engines.specs(lambda s: s.capabilities.join))}")
-    why = spec.why_not()
+    spec.check_env()  # a bad TILEWISE_* value: usage (exit 2)
+    why = spec.missing()
     if why:
         raise TilewiseError(f"{spec.title} cannot run here: {why}")
     cls = spec.runtime_class()

@@ -93,7 +93,8 @@ def directory(text: str) -> Path:
     p = Path(text).expanduser()
     why = userfiles.dir_problem(p)
     if why:
-        raise ValueError(f"cannot be a directory: {why}")
+        raise ValueError("is not a directory: it is a file" if why.startswith("is a file") else
+                         f"is not a directory: {why}")
     return p
 
 

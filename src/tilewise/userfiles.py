@@ -90,7 +90,7 @@ def check_dir(path: str | os.PathLike, option: str, hint: str | None = None) -> 
     without making it (dir_problem)."""
     why = dir_problem(path)
     if why:
-        raise UsageError(f"{option} {path}: {why}", hint or f"give {option} a folder")
+        raise UsageError(f"cannot write to {option} {path}: {why}", hint or f"give {option} a folder")
     return Path(path)
 
 

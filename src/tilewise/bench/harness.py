@@ -216,7 +216,8 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
             userfiles.check_dir(d, option)
     dirs.state_dir()  # a bad TILEWISE_STATE_DIR: refused before the data is generated
     engine = engine or engines.get(cfg.engine)
-    why = engine.why_not()
+    engine.check_env()  # a bad TILEWISE_* value: usage (exit 2)
+    why = engine.missing()
     if why:  # before any data is generated or a server started: what to install
         raise TilewiseError(f"{engine.title} cannot run here: {why}")
     cfg.exchange = engine.check_exchange(cfg.exchange)

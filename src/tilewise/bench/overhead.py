@@ -5,8 +5,8 @@ A round is two passes over the same data, the same SQL in the same order and the
 the same thread count), each in a fresh process:
 
 - plain: ``python -m tilewise.bench.plain_duckdb`` (no tilewise in the loop);
-- tilewise: ``tilewise bench <benchmark> --engine duckdb --policies wim --streams 1`` (a single
-  power-style stream; no refresh functions, which the plain pass does not run), through the whole
+- tilewise: ``tilewise bench <benchmark> --engine duckdb --policies wim --tests power`` (a single
+  power-style stream; ``--streams 1`` for a tilewise without ``--tests``; no refresh functions, which the plain pass does not run), through the whole
   harness: plan, the DuckDB runtime's bound server, validation.
 
 Each pass does a warm-up and R timed runs; its figure is the median of its runs' wall times (one
@@ -173,9 +173,8 @@ def pass_flags(env: dict, benchmark: str) -> list[str]:
     """Flags for one power-style stream without refresh functions, where this tilewise has them."""
     text = _run([sys.executable, "-m", "tilewise", "bench", benchmark, "--help"], env, 60,
                 f"tilewise bench {benchmark} --help")
-    flags = []
-    if "--tests" in text:
-        flags += ["--tests", "power"]
+    # the power test alone where it can be chosen (--streams then does not apply), else one stream
+    flags = ["--tests", "power"] if "--tests" in text else ["--streams", "1"]
     if "--no-refresh" in text:
         flags += ["--no-refresh"]
     return flags
@@ -216,7 +215,7 @@ def run(cfg: Config, rep: Reporter | None = None) -> dict:
     doc = model.new("overhead", topo=topo, engines={DUCKDB.name: _duckdb_version()}, params={
         "benchmark": bench.name, "sf": cfg.sf, "rounds": cfg.rounds, "runs": cfg.runs, "queries": [q["query"] for q in sql], "order": cfg.order,
         "seed": cfg.seed, "cpus": cpus, "plain_fetch": cfg.plain_fetch, "tilewise_src": cfg.tilewise_src,
-        "tilewise_flags": ["--engine", DUCKDB.name, "--policies", "wim", "--streams", "1", *flags],
+        "tilewise_flags": ["--engine", DUCKDB.name, "--policies", "wim", *flags],
         "schedule": [list(o) for o in order]})
     doc["rounds"] = []
     doc["summary"] = {}
@@ -237,8 +236,7 @@ def run(cfg: Config, rep: Reporter | None = None) -> dict:
                 else:
                     pdir = out / "passes" / f"round{i:02d}-tilewise"
                     _run([sys.executable, "-m", "tilewise", "bench", bench.name, "--engine", DUCKDB.name,
-                          "--policies", "wim", "--streams", "1",
-                          *flags, "--runs", str(cfg.runs), "--sf", f"{cfg.sf:g}",
+                          "--policies", "wim", *flags, "--runs", str(cfg.runs), "--sf", f"{cfg.sf:g}",
                           "--queries", ",".join(str(q["query"]) for q in sql), "--data-dir", str(dataset.dir.parent),
                           *(["--data-seed", str(dataset.seed)] if dataset.seed is not None else []),
                           "--out", str(pdir), "--no-plots", "--json"], tw_env, cfg.timeout_s, f"round {i} tilewise pass")

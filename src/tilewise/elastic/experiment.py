@@ -309,7 +309,8 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
         raise UsageError(f"--th-min must be below --th-max (got {cfg.th_min:g}, {cfg.th_max:g})")
     spec = engines.get(cfg.engine)
     check_engine(spec)
-    why = spec.why_not()
+    spec.check_env()  # a bad TILEWISE_* value: usage (exit 2)
+    why = spec.missing()
     if why:
         raise UsageError(f"{spec.title} cannot run here: {why}")
     wl = check_choice(cfg.workloads, WORKLOADS, "workload")

@@ -122,6 +122,11 @@ class EngineSpec:
         """Why it cannot run here: a bad value in one of its environment variables, or what is missing."""
         return envvars.problem(self.env) or self.missing()
 
+    def check_env(self) -> None:
+        """UsageError (exit 2) naming the first of its environment variables with a bad value."""
+        for v in self.env:
+            v.value()
+
     def runtime_class(self) -> type[Runtime]:
         module, _, attr = self.runtime.partition(":")
         try:

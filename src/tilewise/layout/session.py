@@ -105,7 +105,8 @@ def check(cfg: Config) -> None:
         raise UsageError(f"{spec.title} loads Parquet into memory and reads no file in place: a layout does not "
                          "change what it does per query",
                          f"use --engine {' or '.join(s.name for s in engines.specs(lambda s: s.capabilities.reads))}")
-    why = spec.why_not()
+    spec.check_env()  # a bad TILEWISE_* value: usage (exit 2)
+    why = spec.missing()
     if why:
         raise TilewiseError(f"{spec.title} cannot run here: {why}")
 

@@ -124,7 +124,8 @@ def run(cfg: Config, reporter: Reporter | None = None) -> dict:
     """The sweep; returns the results document (also given to reporter.done)."""
     rep = reporter or Reporter()
     spec = engines.get(cfg.engine)
-    why = spec.why_not()
+    spec.check_env()  # a bad TILEWISE_* value: usage (exit 2)
+    why = spec.missing()
     if why:
         raise UsageError(f"{spec.title} cannot run here: {why}")
     bench = benchmarks.get(cfg.benchmark)
