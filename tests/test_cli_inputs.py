@@ -422,6 +422,13 @@ def _dev_null_intact() -> bool:
     return False
 
 
+def changes(root: Path, before: dict, after: dict) -> tuple[set, set]:
+    """(paths made or changed, paths gone) between two _tree snapshots of a sandbox, leaving out the
+    state directory's own skeleton (journals/, locks/ and its mutex), which stays as /run/tilewise does."""
+    skeleton = {str(root / "state" / n) for n in ("journals", "locks", "locks/.mutex")}
+    return {k for k, v in after.items() if before.get(k) != v and k not in skeleton}, set(before) - set(after)
+
+
 class _Hung(BaseException):
     pass
 
@@ -498,10 +505,7 @@ def test_fuzz_each_command_ends_in_a_result_or_one_line_and_leaves_nothing(path,
         if code:
             assert err.strip().splitlines()[-1].startswith("Error: "), (where, err)
             assert len([ln for ln in err.splitlines() if ln.startswith("Error:")]) == 1, (where, err)
-            # the state directory's own skeleton (journals/, locks/ and its mutex) is kept, as /run/tilewise is
-            skeleton = {str(root / "state" / n) for n in ("journals", "locks", "locks/.mutex")}
-            left = {k: v for k, v in after.items() if before.get(k) != v and k not in skeleton}
-            gone = set(before) - set(after)
+            left, gone = changes(root, before, after)
             assert not left and not gone, (where, err, sorted(left)[:5], sorted(gone)[:5])
         now = {c.pid for c in psutil.Process().children(recursive=True)}
         assert now <= kids, (where, now - kids)

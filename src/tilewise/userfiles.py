@@ -5,8 +5,8 @@ Every failure becomes one UsageError naming the file, the line or field where th
 to do: a missing file, a folder, a special file (a FIFO would block, a socket or device is not a
 file), a dangling or looping link, no permission, bytes that are not UTF-8 text, JSON that is not
 JSON or nests deeper than anything tilewise writes, a Parquet file that is empty, cut short or not
-Parquet, a CSV header naming a column twice, and a value of the wrong type in a document (``need``).
-Nothing here writes anything.
+Parquet. What the files hold is checked where it is known: a results document's values by its kind's
+typed view (results/body.py), a raw table's header by data/raw.py. Nothing here writes anything.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ _KIND = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISSOCK: "a socket", stat.S
          stat.S_ISBLK: "a block device"}
 
 
+def _special(mode: int) -> str:
+    """What a file that is neither a regular file nor a folder is: "a FIFO (named pipe)", "a socket", ..."""
+    return next((k for test, k in _KIND.items() if test(mode)), "not a regular file")
+
+
 def _refuse(path, what: str, problem: str, hint: str | None) -> UsageError:
     return UsageError(f"{what} {path}: {problem}" if what else f"{path}: {problem}", hint)
 
@@ -47,7 +52,7 @@ def check_file(path: str | os.PathLike, what: str = "", hint: str | None = None,
     if stat.S_ISDIR(st.st_mode):
         raise _refuse(p, what, "is a folder, not a file", hint)
     if not stat.S_ISREG(st.st_mode) and not (devices and stat.S_ISCHR(st.st_mode)):
-        kind = next((k for test, k in _KIND.items() if test(st.st_mode)), "not a regular file")
+        kind = _special(st.st_mode)
         raise _refuse(p, what, f"is {kind}, not a file", hint)
     if not os.access(p, os.R_OK):
         raise UsageError(f"cannot read {what + ' ' if what else ''}{p}: permission denied", hint)
@@ -109,7 +114,7 @@ def output_problem(path: str | os.PathLike) -> str | None:
     if st is not None and stat.S_ISDIR(st.st_mode):
         return "is a folder; name a file in it"
     if st is not None and not stat.S_ISREG(st.st_mode):
-        kind = next((k for test, k in _KIND.items() if test(st.st_mode)), "not a regular file")
+        kind = _special(st.st_mode)
         return f"is {kind}, not a file"
     parent = p.parent
     if not parent.is_dir():
@@ -173,34 +178,6 @@ def depth(doc: Any) -> int:
             return d
         stack.extend((v, d + 1) for v in node)
     return deepest
-
-
-# ---- the types of values in a document -------------------------------------------------------------
-
-_TYPE_NAMES = {dict: "an object", list: "a list", str: "text", bool: "true or false", int: "a whole number",
-               float: "a number", type(None): "null"}
-
-
-def _type_name(t) -> str:
-    if isinstance(t, tuple):
-        return " or ".join(dict.fromkeys(_type_name(x) for x in t))
-    return _TYPE_NAMES.get(t, t.__name__)
-
-
-def need(value: Any, types, source, field: str, hint: str | None = None) -> Any:
-    """value when it is of types (a number accepts whole numbers; true/false is no number); else one
-    UsageError naming source and field, the type wanted and the value found."""
-    wanted = types if isinstance(types, tuple) else (types,)
-    if float in wanted and int not in wanted:
-        wanted = (*wanted, int)
-    ok = isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted)
-    if ok and isinstance(value, float) and value != value:  # NaN read from JSON
-        ok = False
-    if not ok:
-        shown = json.dumps(value)[:40] if not isinstance(value, float) else repr(value)
-        raise UsageError(f"{source}: {field} should be {_type_name(types)}, not {shown}",
-                         hint or "is it a file tilewise wrote, unedited?")
-    return value
 
 
 # ---- Parquet -------------------------------------------------------------------------------------------

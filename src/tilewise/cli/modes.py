@@ -87,14 +87,18 @@ def check(owners: dict[str, list[Mode]], values: dict, current: Callable[[dict],
         if current is not None:
             try:
                 text = f"{flag} applies to {labels}, not {current(values)}"
-            except (UsageError, ValueError, KeyError, TypeError, AttributeError):
+            except _UNDECIDED:
                 pass
         raise UsageError(text, next((m.hint for m in ms if m.hint), "drop it"))
+
+
+# what a predicate over values the command has not checked yet may raise: the command's own check says why
+_UNDECIDED = (UsageError, ValueError, KeyError, TypeError, AttributeError)
 
 
 def _holds(m: Mode, values: dict) -> bool:
     """A predicate that cannot decide (a value the command itself will refuse) lets the command say why."""
     try:
         return bool(m.when(values))
-    except (UsageError, ValueError, KeyError, TypeError, AttributeError):
+    except _UNDECIDED:
         return True

@@ -47,29 +47,30 @@ class ClusterError(TilewiseError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free on host now (an IPv4 or IPv6 address, or a name resolving to one); OSError when
+    this machine cannot listen on host at all."""
+    last: OSError | None = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM):
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.bind(addr)
+                return s.getsockname()[1]
+        except OSError as e:
+            last = e
+    raise last or OSError(f"no address for {host}")
 
 
 def check_bindable(host: str, option: str = "--host") -> None:
-    """UsageError unless this machine can listen on host (an address of one of its interfaces, or a
-    name resolving to one): checked before anything starts."""
+    """UsageError unless this machine can listen on host (free_port finds a port there): checked
+    before anything starts."""
     try:
-        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
-    except OSError as e:
+        free_port(host)
+    except socket.gaierror as e:
         raise UsageError(f"{option} {host}: cannot resolve it ({e.strerror or e})",
                          "give an address of this machine, e.g. 127.0.0.1") from None
-    last = None
-    for family, kind, proto, _, addr in infos:
-        try:
-            with socket.socket(family, kind, proto) as s:
-                s.bind(addr[:2] if family == socket.AF_INET else addr)
-                return
-        except OSError as e:
-            last = e
-    raise UsageError(f"{option} {host}: this machine cannot listen there ({getattr(last, 'strerror', None) or last})",
-                     "give an address of one of its interfaces, e.g. 127.0.0.1")
+    except OSError as e:
+        raise UsageError(f"{option} {host}: this machine cannot listen there ({e.strerror or e})",
+                         "give an address of one of its interfaces, e.g. 127.0.0.1") from None
 
 
 # ---- processes -------------------------------------------------------------------------------
