@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, wait_gone
 
 
 @pytest.fixture
@@ -28,22 +28,32 @@ def short_tmp():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_restore_after_kill_9_of_a_benchmark_removes_its_working_directory(tmp_path, tpch_sf001, short_tmp):
+@pytest.mark.parametrize("engine", ["duckdb", "tiles"])
+def test_restore_after_kill_9_of_a_benchmark_removes_its_working_directory(tmp_path, tpch_sf001, short_tmp, engine):
+    """tiles: its workers' sockets (unix, shm) live in the working directory; its rings are memfds, so
+    no shared-memory file can outlive the processes."""
+    from tilewise import engines
+
+    why = engines.get(engine).missing()
+    if why:
+        pytest.skip(why)
     tmp = short_tmp
-    env = {**os.environ, "TMPDIR": str(tmp), "TILEWISE_STATE_DIR": str(tmp_path / "state")}
+    env = {**os.environ, "TMPDIR": str(tmp), "TILEWISE_STATE_DIR": str(tmp_path / "state"),
+           "TILEWISE_TEST_TAG": str(tmp_path)}
+    shm_before = set(os.listdir("/dev/shm"))
     bench = subprocess.Popen(
-        [sys.executable, "-m", "tilewise", "bench", "tpch", "--sf", "0.01", "--data-dir", str(tpch_sf001),
-         "--policies", "wim", "--runs", "500", "--no-warmup", "--tests", "power", "--no-refresh",
-         "--no-plots", "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "tilewise", "bench", "tpch", "--engine", engine, "--sf", "0.01", "--data-dir",
+         str(tpch_sf001), "--policies", "wic" if engine == "tiles" else "wim", "--runs", "500", "--no-warmup",
+         "--tests", "power", "--no-refresh", "--no-plots", "--out", str(tmp_path / "out")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not [d for d in tmp.glob("tilewise-duckdb-*") if (d / "logs").is_dir()]:
+        while not [d for d in tmp.glob(f"tilewise-{engine}-*") if (d / "logs").is_dir()]:
             assert bench.poll() is None, "the benchmark ended before its servers started"
             assert time.monotonic() < deadline, "no working directory appeared"
             time.sleep(0.1)
-        [work] = tmp.glob("tilewise-duckdb-*")
-        time.sleep(0.5)  # its server is up and answering
+        [work] = tmp.glob(f"tilewise-{engine}-*")
+        time.sleep(1.5)  # its servers are up and answering
     finally:
         bench.send_signal(signal.SIGKILL)
         bench.wait()
@@ -51,6 +61,8 @@ def test_restore_after_kill_9_of_a_benchmark_removes_its_working_directory(tmp_p
     cp = run_cli("restore", "--json", env=env, timeout=120)
     assert cp.returncode == 0, cp.stderr
     assert not work.exists() and not list(tmp.iterdir()), list(tmp.iterdir())
+    assert not wait_gone("TILEWISE_TEST_TAG", str(tmp_path), 10)  # no worker, no coordinator
+    assert set(os.listdir("/dev/shm")) <= shm_before
     assert str(work) in json.dumps(json.loads(cp.stdout))  # restore says what it removed
     again = run_cli("restore", env=env, timeout=60)
     assert again.returncode == 0 and "nothing to restore" in again.stdout

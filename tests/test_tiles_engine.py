@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +91,79 @@ def test_a_failing_build_is_one_line_with_the_compilers_first_error_and_the_log(
     assert "error[E0308]: mismatched types" in text and "src/main.rs" in text
     log = Path(text.rsplit("the whole log: ", 1)[1])
     assert log.is_file() and "mismatched types" in log.read_text()
+
+
+def _two_file_tables(src: Path, dst: Path, split: tuple[str, ...] = ("lineitem", "orders")) -> Path:
+    """A data folder whose `split` tables are two Parquet files each (a parquet-2 layout), the rest one."""
+    import pyarrow.parquet as pq
+
+    dst.mkdir()
+    for f in sorted(src.glob("*.parquet")):
+        if f.stem in split:
+            t = pq.read_table(f)
+            (dst / f.stem).mkdir()
+            half = t.num_rows // 2
+            pq.write_table(t.slice(0, half), dst / f.stem / "part-00000.parquet")
+            pq.write_table(t.slice(half), dst / f.stem / "part-00001.parquet")
+        else:
+            (dst / f.name).symlink_to(f)
+    return dst
+
+
+def test_each_tile_reads_its_own_files_on_every_query(tpch_sf001, state_env, tmp_path):
+    """File affinity: file k of a two-file table is read by tile k on every query (the crate alone routes
+    from a random offset); what each worker read comes from its own log, and the answers stay right."""
+    from tilewise.engines.tiles import shares
+
+    data = _two_file_tables(tpch_sf001 / "sf0.01", tmp_path / "data")
+    env = {**state_env, "TILEWISE_TEST_TAG": str(tmp_path)}
+    cp = run_cli("up", "--engine", "tiles", "--policy", "wic", "--data", str(data), "--name", "aff", "--json",
+                 env=env, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    try:
+        queries = {"select count(*) from lineitem": "60175",
+                   "select count(*) from orders join lineitem on o_orderkey = l_orderkey": "60175",
+                   "select sum(l_quantity) from lineitem": "1536127.00",  # an exact decimal sum
+                   "select count(*) from orders where o_orderstatus = 'F'": "7304"}
+        for _ in range(3):
+            for sql, want in queries.items():
+                q = run_cli("query", "--name", "aff", "--json", sql, env=env, timeout=60)
+                assert q.returncode == 0, q.stderr
+                assert [str(v) for v in json.loads(q.stdout)["rows"][0]] == [want], sql
+        st = json.loads(run_cli("status", "--name", "aff", "--json", env=env, timeout=60).stdout)
+        logs = {m["instance"]: Path(m["log"]).read_text() for m in st["members"] if m["role"] == "worker"}
+    finally:
+        assert run_cli("down", "--name", "aff", env=env, timeout=60).returncode == 0
+    read = {t: shares.read_log(text) for t, text in logs.items()}
+    for t in (0, 1):
+        mine = {Path(f).relative_to(data).as_posix() for f in read[t]["files"]}
+        assert {f"lineitem/part-0000{t}.parquet", f"orders/part-0000{t}.parquet"} <= mine, mine
+        assert not {f"lineitem/part-0000{1 - t}.parquet", f"orders/part-0000{1 - t}.parquet"} & mine, mine
+        assert read[t]["tasks"] >= 12 and read[t]["input_bytes"] > 0
+    assert not [f for f in shares.overlap(read) if "/part-" in f]  # one copy of the split tables
+
+
+def test_a_64_mb_dev_shm_does_not_limit_the_shm_exchange(tpch_sf001, tmp_path):
+    """Docker's default /dev/shm is 64 MB (ParadeDB #5748): the rings are memfds, not /dev/shm files, so
+    a small /dev/shm -- here a 64 MB tmpfs mounted over it in a private mount namespace -- changes nothing."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here: {probe.stderr.decode().strip()}")
+    out = tmp_path / "res"
+    cmd = (f"mount --make-rprivate / && mount -t tmpfs -o size=64m tmpfs /dev/shm && "
+           f"{sys.executable} -m tilewise bench tpch --engine tiles --exchange shm --sf 0.01 "
+           f"--data-dir {tpch_sf001} --policies wic --runs 1 --no-warmup --tests power --no-plots "
+           f"--out {out} --json && df -k /dev/shm && ls -A /dev/shm")
+    cp = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "TILEWISE_TEST_TAG": str(tmp_path)})
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    doc = json.loads(cp.stdout[:cp.stdout.index("\nFilesystem")])
+    pol = next(iter(doc["policies"].values()))
+    assert all(q["valid"] is True for q in pol["queries"].values())
+    shm = cp.stdout.split("\nFilesystem", 1)[1].splitlines()
+    assert shm[1].split()[1] == "65536" and shm[2:] == []  # the 64 MB tmpfs, and nothing left in it
+    assert not wait_gone("TILEWISE_TEST_TAG", str(tmp_path), 10)

@@ -11,7 +11,9 @@
 //!       stdout (header line first); the planning and execution time on stderr as one JSON line.
 //!
 //! Workers listen on HOST:PORT (gRPC over TCP), unix:PATH or shm:PATH (transport.rs, shm.rs);
-//! the file-affinity routing and one copy per hop over shm come next (docs/tiles.md).
+//! the coordinator routes tasks with file affinity (affinity.rs; `--no-affinity`: the crate's
+//! random routing). One copy per hop over shm comes next (docs/tiles.md).
+mod affinity;
 mod flight;
 mod shm;
 mod transport;
@@ -67,7 +69,9 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
     let listen = listen.unwrap_or_else(|| usage());
     // workers read each other's shuffle outputs: they resolve URLs through the same transports
     let worker = Worker::from_session_builder(DefaultSessionBuilder.map(|b: SessionStateBuilder| {
-        Ok(b.with_distributed_channel_resolver(transport::TileResolver::default()).build())
+        Ok(b.with_distributed_channel_resolver(transport::TileResolver::default())
+            .with_distributed_worker_plan_rewrite_handler(affinity::log_scans)
+            .build())
     }));
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -99,12 +103,15 @@ struct Session {
     workers: Vec<Url>,
     tables: Vec<(String, String)>,
     bytes_per_partition: Option<usize>,
+    /// each tile reads the same share of every table on every query (affinity.rs); off: the
+    /// crate's random routing
+    affinity: bool,
 }
 
 impl Session {
     /// Parse the shared options; returns the rest for the caller.
     fn parse(args: &[String]) -> Result<(Session, Vec<String>), Box<dyn Error>> {
-        let mut s = Session { workers: Vec::new(), tables: Vec::new(), bytes_per_partition: None };
+        let mut s = Session { workers: Vec::new(), tables: Vec::new(), bytes_per_partition: None, affinity: true };
         let mut rest = Vec::new();
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -123,6 +130,7 @@ impl Session {
                 "--bytes-per-partition" => {
                     s.bytes_per_partition = Some(it.next().unwrap_or_else(|| usage()).parse()?)
                 }
+                "--no-affinity" => s.affinity = false,
                 _ => rest.push(a.clone()),
             }
         }
@@ -145,6 +153,9 @@ impl Session {
             .with_distributed_worker_resolver(Workers(self.workers.clone()))
             .with_distributed_channel_resolver(transport::TileResolver::default())
             .with_distributed_planner();
+        if self.affinity {
+            builder = affinity::install(builder);
+        }
         if let Some(b) = self.bytes_per_partition {
             builder = builder.with_distributed_file_scan_config_bytes_per_partition(b)?;
         }

@@ -238,7 +238,10 @@ def check_config(cfg: Config, engine: EngineSpec | None = None):
     topo = topology.load(cfg.topology_src)
     plans = make_plans(cfg, topo)
     live_fp = topology.load(None).fingerprint() if cfg.topology_src else None
+    k = on_layout.files_per_table(cfg.layout) if cfg.layout else None
     for _, p in plans:
+        if engine.check_shares is not None and k is not None:  # tiles that own whole files
+            engine.check_shares({cfg.layout: k}, len(p.instances), "layout")
         ensure_runnable(p, live_fp)
     # the global weighted-interleave weights of every deployment: refused now, not after the first ran
     admit_weights(sorted({(n, w) for _, p in plans for i in p.instances for n, w in i.weights.items()}))

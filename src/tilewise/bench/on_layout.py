@@ -35,6 +35,14 @@ def check(spec, name: str) -> None:
                          f"{' or '.join(raw.WRITABLE)} text", "use parquet, csv, tbl or a parquet-K layout")
 
 
+def files_per_table(name: str) -> int | None:
+    """K for a parquet-K layout (each table as K files); None for the tables as they are."""
+    if name in raw.WRITABLE or name == "parquet":
+        return None
+    lspec = L.parse(name)
+    return None if lspec.raw else lspec.files
+
+
 def prepare(spec, dataset: Dataset, name: str, *, data_dir=None, layout_dir=None, seed=None,
             log=None) -> tuple[Dataset, Callable[[str], str] | None, dict]:
     """(the data set the engine reads, a per-query SQL router or None, what results record)."""

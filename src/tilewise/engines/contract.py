@@ -117,6 +117,10 @@ class EngineSpec:
     scan_split: SplitRule | None = None
     # the environment variables it reads (tilewise.envvars.Var): a bad value is why it cannot run
     env: tuple = ()
+    # an engine whose tiles own whole files of the data: check(files per table, tiles) raises a
+    # UsageError where a tile would own none (`bench --layout parquet-K` is checked before any data
+    # is made); None: any file count goes
+    check_shares: Callable[..., None] | None = None
 
     def why_not(self) -> str | None:
         """Why it cannot run here: a bad value in one of its environment variables, or what is missing."""

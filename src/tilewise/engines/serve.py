@@ -256,13 +256,13 @@ class Server:
 _STATUS_KEYS = {"VmRSS:": "rss_mb", "VmHWM:": "peak_rss_mb", "RssAnon:": "rss_anon_mb"}
 
 
-def resident_mb() -> dict:
-    """This process's resident memory now, at its peak, and its anonymous part now (MiB;
-    /proc/self/status VmRSS, VmHWM, RssAnon: the rest is file pages, e.g. the engine's library,
-    which instances share through the page cache)."""
+def resident_mb(pid: int | str = "self") -> dict:
+    """A process's resident memory now, at its peak, and its anonymous part now (MiB;
+    /proc/PID/status VmRSS, VmHWM, RssAnon: the rest is file pages, e.g. the engine's library,
+    which instances share through the page cache). {} for a process that is gone."""
     out = {}
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 key = _STATUS_KEYS.get(line.split(maxsplit=1)[0] if line.strip() else "")
                 if key:

@@ -110,7 +110,15 @@ class RowGroups(SplitRule):
 
 
 class FileAffinity(Files):
-    """Tiles own files: file i is read by tile i mod N, whatever the others do (partitions)."""
+    """Tiles own files: file i is read by tile i mod N, whatever the others do (partitions).
+    one_file: how the engine splits a table of one file instead, where it does not follow the rule
+    (results record it beside the prediction, which then puts the file on tile 0)."""
+
+    def __init__(self, one_file: str | None = None) -> None:
+        self.one_file = one_file
+
+    def describe(self) -> dict:
+        return {"kind": "FileAffinity", **({"one_file": self.one_file} if self.one_file else {})}
 
     def assign(self, tasks: list[Task], tiles: int, files: list[dict]) -> list[int]:
         return [i % max(1, tiles) for i in range(len(tasks))]

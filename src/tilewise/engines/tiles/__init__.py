@@ -7,14 +7,16 @@ cooperate on every query through the crate's exchange (shuffles, coalesces, broa
 network boundaries); clients connect with ADBC (`adbc-driver-flightsql`) or JDBC.
 
 The exchange is chosen per deployment (`--exchange shm|unix|tcp`, Capabilities.exchanges): the
-crate's gRPC over shared-memory rings bound to the reading tile's node, Unix sockets or TCP. Still to
-come (docs/tiles.md): one copy per hop over shm, the data owned per tile by file affinity, `join`.
+crate's gRPC over shared-memory rings bound to the reading tile's node, Unix sockets or TCP. Each tile
+owns a share of the data (shares.py: whole files of a K-file layout, the same on every query). Still
+to come (docs/tiles.md): one copy per hop over shm, `join`.
 """
 
 from __future__ import annotations
 
 from tilewise.engines.contract import Capabilities, EngineSpec
-from tilewise.engines.tiles import build
+from tilewise.engines import splits
+from tilewise.engines.tiles import build, shares
 from tilewise.engines.tiles.dialect import dialect
 from tilewise.parts import Part
 
@@ -49,7 +51,10 @@ SPEC = EngineSpec(
     install_help="builds native/tiles with cargo into the cache (about 20 min the first time on 2 cores)",
     dialect=dialect,  # dialect.py: TPC-DS q66, as the reference rewrites it
     endpoint_label="coordinator",
-    # scan_split: not stated yet (the crate's file-group assignment to tasks is to be modelled with
-    # the file-affinity routing)
+    # tile t reads files t, t+N, ... of a table of K >= 2 files on every query (shares.py); a table of
+    # one file is cut into byte ranges by the crate (measured per tile: scan_stats)
+    scan_split=splits.FileAffinity(one_file="cut into byte ranges by the crate, each on the same tile on every "
+                                             "query; not predicted (see the measured figures)"),
+    check_shares=shares.check,
     env=(build.CACHE,),
 )

@@ -19,7 +19,8 @@ from tilewise import nic
 from tilewise.binding import Binding
 from tilewise.engines.contract import QueryResult
 from tilewise.engines.procgroup import ClusterError, ProcessCluster, free_port
-from tilewise.engines.tiles import SPEC, build
+from tilewise.engines.serve import resident_mb
+from tilewise.engines.tiles import SPEC, build, shares
 from tilewise.errors import TilewiseError, UsageError
 from tilewise.plan import Plan
 
@@ -35,22 +36,22 @@ class TilesError(ClusterError):
     pass
 
 
-def table_paths(dataset) -> list[tuple[str, str]]:
-    """(table, path) per table for the coordinator: its one Parquet file, or the directory holding all
-    of a layout's files for it (DataFusion lists a directory as one table)."""
+def table_paths(dataset) -> list[tuple[str, str, int]]:
+    """(table, path, files) per table for the coordinator: its one Parquet file, or the directory
+    holding all of a layout's files for it (DataFusion lists a directory as one table)."""
     out = []
     for name, src in sorted(dataset.table_sources().items()):
         if src.format != "parquet":
             raise UsageError(f"tiles reads Parquet only; table {name} is {src.format}", "use a Parquet layout")
         if len(src.files) == 1:
-            out.append((name, src.files[0]))
+            out.append((name, src.files[0], 1))
             continue
         parents = {str(Path(f).parent) for f in src.files}
         if len(parents) != 1 or sorted(p.name for p in Path(next(iter(parents))).glob("*.parquet")) != sorted(
                 Path(f).name for f in src.files):
             raise UsageError(f"table {name}: its {len(src.files)} files are not the whole of one directory",
                              "tiles reads a table's files as one directory")
-        out.append((name, next(iter(parents)) + "/"))
+        out.append((name, next(iter(parents)) + "/", len(src.files)))
     return out
 
 
@@ -75,6 +76,8 @@ class TilesCluster(ProcessCluster):
     def start(self, plan: Plan, *, dataset=None, allocator: str = "system", memory_mb=None, coordinator_mb=None,
               join=None, log=None, placement=None) -> None:
         self.check_installed()
+        tables = table_paths(dataset) if dataset is not None else []
+        shares.check({name: k for name, _, k in tables}, len(plan.instances))  # before anything starts
         try:
             self._begin(plan, dataset, memory_mb, join)
             exe = str(build.binary_path())
@@ -101,9 +104,8 @@ class TilesCluster(ProcessCluster):
             inst = self.placement.coordinator
             argv = [exe, "serve", "--listen", f"{self.host}:{cport}", "--workers", ",".join(urls),
                     "--bytes-per-partition", str(BYTES_PER_TASK)]
-            if dataset is not None:
-                for name, path in table_paths(dataset):
-                    argv += ["--table", f"{name}={path}"]
+            for name, path, _ in tables:
+                argv += ["--table", f"{name}={path}"]
             b = Binding.from_instance(inst, allocator) if inst is not None else Binding(None)
             m = self._spawn("coordinator", None, argv, b, cores=len(inst.cpus) if inst else 0, extra={"port": cport})
             self._verify_started(m)
@@ -162,8 +164,23 @@ class TilesCluster(ProcessCluster):
 
     # -- inspection --
     def info(self, instance: int) -> dict:
+        """The worker's CPUs, pid and resident memory (now, at its peak, anonymous): the tiles hold one
+        copy of the data between them, so this is what each tile costs beside a replica's."""
         m = self.worker(instance)
-        return {} if m is None else {"threads": m.cores, "pid": m.pid}
+        return {} if m is None else {"threads": m.cores, "pid": m.pid, **resident_mb(m.pid)}
+
+    def scan_stats(self) -> dict[int, dict] | None:
+        """Per tile, cumulative: its scan tasks and the bytes of the files and ranges assigned to them,
+        read from what its worker logs per task (shares.read_log)."""
+        out = {}
+        for m in self.workers():
+            try:
+                text = Path(m.log).read_text(errors="replace")
+            except OSError:
+                continue
+            d = shares.read_log(text)
+            out[m.instance] = {"tasks": d["tasks"], "input_bytes": d["input_bytes"]}
+        return out
 
     def instance_extra(self, d: dict) -> dict:
         return {"coordinator": self.endpoint, "exchange": getattr(self, "exchange", None)}

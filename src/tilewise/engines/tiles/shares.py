@@ -1,0 +1,56 @@
+"""Which tile owns which part of the data (pure): the rule the coordinator's routing follows
+(native/tiles/src/affinity.rs), and what the workers' logs say each tile read.
+
+A table laid out as K >= 2 files is owned by files: file k (in path order) is read by tile k mod N on
+every query (engines.splits.FileAffinity predicts it), so N tiles hold one copy of it between them,
+each its own pages. A tile that would own no file of a table (2 <= K < N) is refused: it would sit
+out every scan of that table. A table of one file is cut by the crate into byte ranges, the same on
+every query; a range reads the row groups whose midpoint it holds, so a file of fewer row groups than
+tiles leaves some tiles without work on that table (measured per tile, never hidden).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tilewise.errors import UsageError
+
+SCAN_LINE = re.compile(r"^tilewise-tiles scan: (\[.*\])\s*$", re.M)
+
+
+def check(files: dict[str, int], tiles: int, what: str = "table") -> None:
+    """UsageError when a table of 2 <= K < tiles files would leave a tile owning none of it.
+    files: per table (or per layout, what='layout') its file count."""
+    short = sorted((k, t) for t, k in files.items() if 2 <= k < tiles)
+    if short:
+        k, t = short[0]
+        raise UsageError(f"{tiles} tiles cannot each own a share of {what} {t}: it has {k} files and a tile owns "
+                         "whole files", f"lay the tables out as parquet-K with K a multiple of {tiles} "
+                         f"(--layout parquet-{tiles}), or deploy at most {k} tiles")
+
+
+def read_log(text: str) -> dict:
+    """What one worker's scans were given, from its log (cumulative): tasks (stage tasks with a scan),
+    input_bytes (the bytes of the files and byte ranges assigned to them; a scan reads the columns it
+    needs of them) and files (each path it read any of)."""
+    tasks, assigned, files = 0, 0, set()
+    for m in SCAN_LINE.finditer(text):
+        try:
+            parts = json.loads(m.group(1))
+        except ValueError:  # a line cut short by a worker that died while writing it
+            continue
+        tasks += 1
+        for path, start, end, size in parts:
+            assigned += size if start < 0 else end - start
+            files.add(path)
+    return {"tasks": tasks, "input_bytes": assigned, "files": files}
+
+
+def overlap(per_tile: dict[int, dict]) -> list[str]:
+    """The files more than one tile read (with affinity, only one-file tables cut into byte ranges)."""
+    seen: dict[str, int] = {}
+    for d in per_tile.values():
+        for f in d["files"]:
+            seen[f] = seen.get(f, 0) + 1
+    return sorted(f for f, n in seen.items() if n > 1)
