@@ -161,3 +161,51 @@ def test_trino_workers_join_from_another_host(hosts, trino_ready, tmp_path):
     assert q.returncode == 0, q.stderr
     assert json.loads(q.stdout)["rows"][0][0] == 60175
     hosts.down_b_then_a()
+
+
+def test_tiles_workers_join_from_another_host(hosts, tmp_path):
+    """The tiles coordinator on host a (its own worker on TCP at a's address); host b's workers join it,
+    take part in its queries over the veth (b's worker logs its scans), and leave it on b's `down`."""
+    from tilewise import engines
+    from tilewise.benchmarks.tpch import data as tpch_data
+    from tilewise.engines.tiles import shares
+
+    why = engines.get("tiles").missing()
+    if why:
+        pytest.skip(why)
+    data = tpch_data.dataset(0.01, tmp_path / "data")  # same path on both "hosts" (one file system)
+    up = hosts.run("a", "up", "--engine", "tiles", "--policy", "wim", "--exchange", "tcp", "--host", hosts.addr["a"],
+                   "--sf", "0.01", "--data-dir", str(data.dir.parent), "--name", "a", "--json")
+    assert up.returncode == 0, up.stderr[-2000:]
+    uri = json.loads(up.stdout)["endpoint"]
+    assert uri.startswith(f"grpc://{hosts.addr['a']}:")
+    j = hosts.run("b", "join", "--engine", "tiles", "--coordinator", uri, "--policy", _policy(), "--name", "b",
+                  "--json")
+    assert j.returncode == 0, j.stderr[-2000:]
+    jdoc = json.loads(j.stdout)
+    assert jdoc["joined"] and jdoc["healthy"] and {m["role"] for m in jdoc["members"]} == {"worker"}
+    assert all(m["binding_verified"] for m in jdoc["members"])
+    workers = """
+import pyarrow.flight as fl
+c = fl.FlightClient(%r)
+print([r.body.to_pybytes().decode() for r in c.do_action(fl.Action("tilewise.workers", b""))][0])
+""" % uri
+    listed = hosts.python("a", workers)
+    assert listed.returncode == 0, listed.stderr
+    assert len([u for u in listed.stdout.split() if u.startswith(f"http://{hosts.addr['b']}:")]) == len(jdoc["members"])
+    for _ in range(2):
+        q = hosts.run("a", "query", "--name", "a", "--json", "SELECT count(*), sum(l_quantity) FROM lineitem")
+        assert q.returncode == 0, q.stderr
+        assert json.loads(q.stdout)["rows"][0] == [60175, "1536127.00"]
+    took_part = [shares.read_log(Path(m["log"]).read_text())["tasks"] for m in jdoc["members"]]
+    assert sum(took_part) > 0, took_part  # b's workers ran scan tasks of a's queries
+    dn = hosts.run("b", "down", "--name", "b", "--json")  # b's workers leave the coordinator, then stop
+    assert dn.returncode == 0, dn.stderr
+    assert not hosts.wait_gone("b") and hosts.left("a")
+    listed = hosts.python("a", workers)
+    assert hosts.addr["b"] not in listed.stdout and hosts.addr["a"] in listed.stdout, listed.stdout
+    q = hosts.run("a", "query", "--name", "a", "--json", "SELECT count(*) FROM lineitem")
+    assert q.returncode == 0 and json.loads(q.stdout)["rows"] == [[60175]], q.stderr
+    dn = hosts.run("a", "down", "--name", "a", "--json")
+    assert dn.returncode == 0, dn.stderr
+    assert not hosts.wait_gone("a")

@@ -36,6 +36,13 @@ def test_bench_tpch_over_each_exchange_every_answer_valid(tpch_sf001, tmp_path, 
     assert sorted(pol["queries"]) == sorted(f"q{n}" for n in range(1, 23))
     assert all(q["valid"] is True for q in pol["queries"].values()), pol["queries"]
     assert all(i["binding_verified"] is True for i in pol["instances"])
+    # per tile and query, from the crate's metrics: q1 scans lineitem once over the tiles, and the
+    # tiles' partial aggregates cross the exchange
+    q1 = pol["tiles"]["queries"]["q1"]
+    assert sorted(x["tile"] for x in q1) == [0, 1]
+    assert sum(x["rows_scanned"] for x in q1) == 60175
+    assert sum(x["messages_in"] for x in q1) > 0 and sum(x["bytes_in"] for x in q1) > 0
+    assert all(x["latency_ns"] >= 0 and x["decode_ns"] >= 0 for x in q1)
     assert not wait_gone("TILEWISE_TEST_TAG", str(tmp_path), 10)
 
 

@@ -62,3 +62,27 @@ def test_bench_refuses_more_tiles_than_files_before_anything_is_made(tmp_path):
     assert "4 tiles cannot each own a share of layout parquet-2: it has 2 files" in cp.stderr
     assert "--layout parquet-4" in cp.stderr
     assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_coordinators_per_query_lines_are_summed_per_tile():
+    log = ('tilewise-tiles coordinator (Flight SQL) listening on 127.0.0.1:1\n'
+           'tilewise-tiles query: {"tiles":{},"coordinator":{"tasks":1,"rows_scanned":0,"bytes_in":0,'
+           '"messages_in":0,"latency_ns":0,"decode_ns":0}}\n'
+           'tilewise-tiles query: {"tiles":{"0":{"tasks":3,"rows_scanned":10,"bytes_in":100,"messages_in":2,'
+           '"latency_ns":5,"decode_ns":1},"1":{"tasks":3,"rows_scanned":30,"bytes_in":50,"messages_in":1,'
+           '"latency_ns":7,"decode_ns":2}},"coordinator":{"tasks":1,"bytes_in":9,"messages_in":1}}\n'
+           'tilewise-tiles query: no per-tile figures (a query that failed)\n'
+           'tilewise-tiles query: {"tiles":{"0":{"rows_scanned":5}},"coordinator":{}}\n')
+    got = shares.read_coordinator_log(log)
+    assert got["0"] == {"rows_scanned": 15, "bytes_in": 100, "messages_in": 2, "latency_ns": 5, "decode_ns": 1}
+    assert got["1"]["rows_scanned"] == 30 and got["coordinator"]["bytes_in"] == 9
+
+
+def test_tile_balance_sums_per_tile_and_names_the_most_uneven_query():
+    from tilewise.results.kinds.benchmark import tile_balance
+
+    queries = {"q1": [{"tile": 0, "tasks": 1, "rows_scanned": 50}, {"tile": 1, "tasks": 1, "rows_scanned": 50}],
+               "q9": [{"tile": 0, "tasks": 2, "rows_scanned": 90, "bytes_in": 7}, {"tile": 1, "tasks": 2, "rows_scanned": 10}]}
+    sums, worst, ratio = tile_balance(queries)
+    assert sums[0]["rows_scanned"] == 140 and sums[1]["rows_scanned"] == 60 and sums[0]["bytes_in"] == 7
+    assert worst == "q9" and ratio == pytest.approx(1.8)

@@ -237,6 +237,58 @@ def check_up() -> dict:
     return out
 
 
+TILES_NAME = "tlvm"
+# the tiles engine's shared-memory rings: memfds named by the pid of the process that reads them
+# (native/tiles/src/shm.rs)
+RING = re.compile(r"memfd:tilewise-tiles-ring-r(\d+)")
+
+
+def _rings(pid: int) -> list[dict]:
+    """The shared-memory rings a process maps (each mapping): whose pid reads it, the mapping's memory
+    policy as numa_maps shows it, and its pages per node."""
+    out = []
+    for ln in _read(Path(f"/proc/{pid}/numa_maps")).splitlines():
+        m = RING.search(ln)
+        if not m:
+            continue
+        parts = ln.split()
+        pages = {x.group(1): int(x.group(2)) for x in (re.fullmatch(r"N(\d+)=(\d+)", y) for y in parts) if x}
+        out.append({"reader": int(m.group(1)), "policy": parts[1], "pages": pages})
+    return out
+
+
+def check_tiles() -> dict:
+    """`up --engine tiles --policy win --exchange shm --sf 0.01`: a worker per node with CPUs and the
+    coordinator; a query through the coordinator (TILEWISE_GUEST_UP_SQL: a join and a group-by, so
+    rows cross the tiles' exchange); then what /proc shows of each process -- its CPUs, its memory
+    policies and every ring it maps (policy, pages per node) --; `down`; what is left."""
+    out: dict = {}
+    out["up"] = cli("up", "--engine", "tiles", "--policy", "win", "--exchange", "shm", "--sf", "0.01", "--name",
+                    TILES_NAME, "--json", timeout=900)
+    state_file = Path(os.environ.get("TILEWISE_CLUSTER_DIR", "/nonexistent")) / f"{TILES_NAME}.json"
+    token = None
+    try:
+        token = json.loads(state_file.read_text())["token"] if state_file.exists() else None
+        sql = os.environ.get("TILEWISE_GUEST_UP_SQL", "SELECT count(*) AS n FROM lineitem")
+        out["query"] = cli("query", "--name", TILES_NAME, "--json", sql, timeout=600)
+        out["status"] = cli("status", "--name", TILES_NAME, "--json", timeout=300)
+        members = (out["status"]["json"] or {}).get("members") or []
+        out["proc"] = {str(m["pid"]): {**_proc_binding(m["pid"]), "rings": _rings(m["pid"])} for m in members}
+        out["tagged_before"] = _carrying(token)
+        out["down"] = cli("down", "--name", TILES_NAME, "--json", timeout=300)
+        out["tagged_after"] = _carrying(token)
+        out["state_file_after"] = state_file.exists()
+    finally:  # whatever went wrong, the later checks get a machine without workers
+        left = _carrying(token)
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        out["killed_after_check"] = left
+    return out
+
+
 PG_NAME = "pgvm"
 PG_SQL = "SELECT count(*) AS n, sum(l_quantity) AS q FROM lineitem"
 
@@ -795,7 +847,7 @@ CHECKS = {"sysfs": check_sysfs, "topo": check_topo, "plan": check_plan, "exec": 
           "elastic": check_elastic, "up": check_up, "cgroup": check_cgroup, "cgroup_inplace": check_cgroup_inplace,
           "probes": check_probes, "pytest": check_pytest, "hmat": check_hmat, "memprobe": check_memprobe,
           "tiers": check_tiers, "cgroup_delegated": check_cgroup_delegated, "postgres": check_postgres,
-          "postgres_elastic": check_postgres_elastic}
+          "postgres_elastic": check_postgres_elastic, "tiles": check_tiles}
 
 
 def main(argv: list[str]) -> int:

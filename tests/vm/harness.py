@@ -525,6 +525,7 @@ else
 fi
 cp -a /job $R/run/tilewise-job
 hostname tilewise-guest
+ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up || echo "init: no loopback interface"
 echo "TILEWISE-VM-READY $(cut -d' ' -f1 /proc/uptime)"
 chroot $R /bin/sh /run/tilewise-job/run.sh </dev/null >/dev/ttyS1 2>/dev/ttyS2
 rc=$?

@@ -34,7 +34,7 @@ PY = Path(sys.executable)
 CHECKS = {  # submitted in this order, 2 at a time: the longest first, then the rest to even out both slots
     "two-socket-cxl": ["sysfs", "topo", "plan", "exec", "up", "elastic", "probes", "bench", "postgres"],
     "l3-spans-nodes": ["sysfs", "topo", "plan", "exec", "probes"],
-    "four-node-asym": ["sysfs", "topo", "plan", "exec", "up"],
+    "four-node-asym": ["sysfs", "topo", "plan", "exec", "up", "tiles"],
     "cgroup2": ["sysfs", "topo", "exec", "cgroup", "cgroup_inplace", "cgroup_delegated"],
     "smt": ["sysfs", "topo", "plan", "exec"],
     "single-node": ["sysfs", "topo", "plan", "exec"],
@@ -48,7 +48,7 @@ PROBE_CPUS = {"two-socket-cxl": "0,1,2,4", "l3-spans-nodes": "0,1,2,4"}
 # asked of the DuckDB servers `up` starts in the guests; the answer is computed here from the same files
 UP_SQL = ("SELECT l_returnflag, l_linestatus, count(*) AS n, CAST(sum(l_quantity) AS BIGINT) AS qty, "
           "count(DISTINCT o_custkey) AS customers FROM lineitem JOIN orders ON l_orderkey = o_orderkey "
-          "GROUP BY ALL ORDER BY ALL")
+          "GROUP BY l_returnflag, l_linestatus ORDER BY l_returnflag, l_linestatus")  # standard SQL: DataFusion too
 
 
 class Guests:
@@ -78,7 +78,8 @@ class Guests:
                 env["TILEWISE_BIN_DIR"] = str(native)
         if any("bench" in c for c in chosen.values()):
             warm_tpch_cache()
-        if any("up" in c or any(x.startswith("postgres") for x in c) for c in chosen.values()):  # SF 0.01: made here
+        if any("up" in c or "tiles" in c or any(x.startswith("postgres") for x in c)
+               for c in chosen.values()):  # SF 0.01: made here
             from tilewise.benchmarks.tpch import data as tpch_data
 
             tpch_data.ensure_data(0.01)
@@ -90,7 +91,7 @@ class Guests:
             guest_env = dict(env, TILEWISE_STATE_DIR="/tmp/tilewise-state", TILEWISE_CLUSTER_DIR="/tmp/tilewise-clusters")
             if name in PROBE_CPUS:
                 guest_env["TILEWISE_GUEST_PROBE_CPUS"] = PROBE_CPUS[name]
-            if "up" in checks:
+            if "up" in checks or "tiles" in checks:
                 guest_env["TILEWISE_GUEST_UP_SQL"] = UP_SQL
             cmd = [str(PY), str(Path(__file__).with_name("guest_checks.py")), *checks]
             self.futures[name] = self.pool.submit(harness.run, TOPOLOGIES[name], cmd, cwd=REPO, env=guest_env,
@@ -470,6 +471,50 @@ def test_up_duckdb_win_status_query_down(guests, name):
     r = guests.check(name, "up")
     tables = ok(r["status"])["data"]["tables"]
     check_up_facts(TOPOLOGIES[name], r, up_answer(tables))
+
+
+@pytest.mark.parametrize("name", guests_with("tiles"))
+def test_up_tiles_win_workers_bound_and_rings_on_the_receiving_node(guests, name):
+    """`up --engine tiles --policy win --exchange shm`: one worker per node with CPUs, bound to its cores
+    and membind to its node (verified by tilewise and again from /proc); every shared-memory ring any
+    process maps has its pages on the node its policy names, and each worker reads from rings bound to
+    its own node -- the receiving tile's; the coordinator's answer is DuckDB's here; `down` leaves
+    nothing."""
+    from tilewise.engines import tiles
+
+    r = guests.check(name, "tiles")
+    if r["up"]["rc"] != 0 and "cannot run here" in r["up"]["stderr"]:
+        pytest.skip(f"tiles in the guest: {r['up']['stderr'].strip()} ({tiles.SPEC.missing()})")
+    up = ok(r["up"])
+    t = TOPOLOGIES[name]
+    cpu_nodes = [i for i, n in enumerate(t.nodes) if n.cpus]
+    members = ok(r["status"])["members"]
+    workers = sorted((m for m in members if m["role"] == "worker"), key=lambda m: m["instance"])
+    assert [m["mem_nodes"][0] for m in workers] == cpu_nodes, workers
+    node_of = {m["pid"]: m["mem_nodes"][0] for m in members if m.get("mem_nodes")}
+    assert len(node_of) == len(members) and up["members"], members  # the coordinator is bound too
+    for m in workers:
+        node = m["mem_nodes"][0]
+        v = m["verification"]
+        assert m["binding_verified"] is True and v["ok"], v
+        assert v["checks"]["memory"]["got"] == f"bind:{node}", v
+        proc = r["proc"][str(m["pid"])]
+        assert proc["Cpus_allowed_list"] == m["cpus"], (m["pid"], proc)
+        # it reads rings of its own: from the coordinator, and from the tiles whose shuffles it reads
+        mine = [x for x in proc["rings"] if x["reader"] == m["pid"]]
+        assert mine and sum(x["pages"].get(str(node), 0) for x in mine) > 0, (node, proc["rings"])
+    # every page of every ring, seen from either end, is on its reader's node
+    rings = [(pid, x) for pid, p in r["proc"].items() for x in p["rings"]]
+    assert len({x["reader"] for _, x in rings}) >= len(workers), rings
+    for pid, x in rings:
+        assert x["reader"] in node_of, (pid, x)
+        on = {int(k) for k, n in x["pages"].items() if n}
+        assert on <= {node_of[x["reader"]]}, (pid, x, node_of[x["reader"]])
+    tables = ok(r["status"])["data"]["tables"]
+    assert ok(r["query"])["rows"] == up_answer(tables)
+    down = ok(r["down"])
+    assert not down["left"], down
+    assert r["tagged_after"] == [] and r["killed_after_check"] == [] and r["state_file_after"] is False
 
 
 def test_up_postgres_win_one_server_per_node(guests):

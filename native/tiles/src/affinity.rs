@@ -6,8 +6,8 @@
 //! files into byte ranges by size. tilewise installs three handlers in the coordinator's session:
 //!
 //! - **routing**: task t of every stage with more than one task runs on worker t mod N, in the
-//!   order of `--workers` (the plan's instances). A stage with one task is left to the crate (it
-//!   runs where its input already is, no network hop);
+//!   order of the workers (the plan's instances, then those that joined). A stage of one task runs
+//!   where its input already is, as the crate would place it (no network hop), else on worker 0;
 //! - **task count**: a scan of a table laid out as K >= 2 files asks for K tasks (the crate caps
 //!   them at the workers, N), so the table is spread over every tile whatever its size;
 //! - **file assignment**: when a scan has at least as many files as tasks, file k (in path order)
@@ -26,6 +26,7 @@ use datafusion::datasource::physical_plan::{FileGroup, FileGroupPartitioner, Fil
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion_distributed::{
     DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedGetterExt, DistributedLeafExec,
+    NetworkBoundaryExt, Stage,
     RouteTasksEvent, RouteTasksEventResponse, ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
     WorkerPlanRewriteEvent, WorkerPlanRewriteEventResponse,
 };
@@ -58,16 +59,29 @@ fn file_count(scan: &FileScanConfig) -> usize {
     whole_files(scan).len()
 }
 
-/// Task t of a stage runs on worker t mod N.
+/// Task t of a stage runs on worker t mod N. A stage of one task runs where its first (pre-order)
+/// input stage of one task runs (no network hop: the crate's own rule), else on worker 0 (the crate
+/// would pick one at random); tally.rs follows the same rule.
 pub fn route(ev: RouteTasksEvent) -> Option<Result<RouteTasksEventResponse>> {
-    if ev.task_count < 2 {
-        return None;
-    }
     let urls = match ev.task_ctx.session_config().get_distributed_worker_resolver().and_then(|r| r.get_urls()) {
         Ok(urls) if !urls.is_empty() => urls,
         Ok(_) => return None,
         Err(e) => return Some(Err(e)),
     };
+    if ev.task_count == 1 {
+        let mut single = None;
+        let _ = ev.plan.apply(|node| {
+            let Some(nb) = node.as_network_boundary() else { return Ok(TreeNodeRecursion::Continue) };
+            if let Stage::Remote(r) = nb.input_stage() {
+                if r.workers.len() == 1 {
+                    single = Some(r.workers[0].clone());
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+            Ok(TreeNodeRecursion::Jump)
+        });
+        return Some(Ok(RouteTasksEventResponse::new(vec![single.unwrap_or_else(|| urls[0].clone())])));
+    }
     Some(Ok(RouteTasksEventResponse::new((0..ev.task_count).map(|t| urls[t % urls.len()].clone()).collect())))
 }
 

@@ -4,7 +4,8 @@
 //!
 //! Stateless statements: GetFlightInfo(CommandStatementQuery) plans the SQL for its schema and hands
 //! back a ticket holding the SQL; DoGet runs it. GetSqlInfo answers the server's name and version
-//! (drivers ask on connect).
+//! (drivers ask on connect). Custom actions let workers on other hosts join and leave (`tilewise
+//! join` / `down`).
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
@@ -12,15 +13,66 @@ use arrow_flight::sql::server::FlightSqlService;
 use arrow_flight::sql::{
     CommandGetSqlInfo, CommandStatementQuery, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
-use arrow_flight::{FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
+use arrow_flight::{Action, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
 use datafusion::prelude::SessionContext;
-use futures::TryStreamExt;
+use datafusion::physical_plan::execute_stream;
+use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use url::Url;
 use tonic::{Request, Response, Status};
 
 pub struct Coordinator {
     pub ctx: Arc<SessionContext>,
+    pub workers: crate::Workers,
+}
+
+/// How long the coordinator tries to reach a worker that asks to join.
+const JOIN_CONNECT: Duration = Duration::from_secs(5);
+
+impl Coordinator {
+    /// `tilewise.join URL`: a worker on another host (`tilewise join`) takes part in every query from
+    /// now on. Only over TCP: a worker elsewhere cannot reach workers on shm or unix sockets here.
+    async fn join(&self, text: &str) -> Result<String, Status> {
+        let url = Url::parse(text).map_err(|e| Status::invalid_argument(format!("{text:?} is not a worker URL: {e}")))?;
+        let (Some(host), Some(port)) = (url.host_str(), url.port()) else {
+            return Err(Status::invalid_argument(format!("{text:?} has no host and port")));
+        };
+        if url.scheme() != "http" {
+            return Err(Status::invalid_argument(format!("{text:?}: a worker joins over TCP (http://HOST:PORT)")));
+        }
+        let local: Vec<Url> = self.workers.0.read().expect("workers lock").clone();
+        if let Some(w) = local.iter().find(|w| w.scheme() != "http") {
+            return Err(Status::failed_precondition(format!(
+                "this cluster's workers exchange over {} ({w}), which a worker on another host cannot reach; \
+                 start the cluster with --exchange tcp --host ADDR",
+                w.scheme()
+            )));
+        }
+        match tokio::time::timeout(JOIN_CONNECT, TcpStream::connect((host, port))).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(Status::unavailable(format!("the coordinator cannot reach {url}: {e}"))),
+            Err(_) => return Err(Status::unavailable(format!("the coordinator cannot reach {url}: timed out"))),
+        }
+        let mut w = self.workers.0.write().expect("workers lock");
+        if !w.contains(&url) {
+            w.push(url);
+        }
+        Ok(w.len().to_string())
+    }
+
+    /// `tilewise.leave URL`: the worker no longer takes part (its host's `tilewise down`).
+    fn leave(&self, text: &str) -> Result<String, Status> {
+        let url = Url::parse(text).map_err(|e| Status::invalid_argument(format!("{text:?} is not a worker URL: {e}")))?;
+        let mut w = self.workers.0.write().expect("workers lock");
+        if w.len() == 1 && w[0] == url {
+            return Err(Status::failed_precondition("a coordinator keeps at least one worker"));
+        }
+        w.retain(|u| u != &url);
+        Ok(w.len().to_string())
+    }
 }
 
 fn sql_info() -> &'static SqlInfoData {
@@ -68,8 +120,18 @@ impl FlightSqlService for Coordinator {
         let sql = String::from_utf8(ticket.statement_handle.to_vec()).map_err(|_| Status::invalid_argument("ticket"))?;
         let df = self.ctx.sql(&sql).await.map_err(|e| Status::invalid_argument(e.to_string()))?;
         let schema = Arc::new(df.schema().as_arrow().clone());
-        let stream = df.execute_stream().await.map_err(err)?;
-        let batches = stream.map_err(|e| arrow_flight::error::FlightError::ExternalError(Box::new(e)));
+        let plan = df.create_physical_plan().await.map_err(err)?;
+        let stream = execute_stream(Arc::clone(&plan), self.ctx.task_ctx()).map_err(err)?;
+        // once the answer is out: what each tile did (tally.rs), one line in the coordinator's log
+        let workers = self.workers.0.read().expect("workers lock").len();
+        let after = futures::stream::once(async move {
+            match crate::tally::tally(plan, workers).await {
+                Ok(t) => eprintln!("{}", crate::tally::line(&t)),
+                Err(e) => eprintln!("tilewise-tiles query: no per-tile figures ({e})"),
+            }
+        })
+        .filter_map(|()| futures::future::ready(None));
+        let batches = stream.chain(after).map_err(|e| arrow_flight::error::FlightError::ExternalError(Box::new(e)));
         let out = FlightDataEncoderBuilder::new().with_schema(schema).build(batches).map_err(Status::from);
         Ok(Response::new(Box::pin(out)))
     }
@@ -104,4 +166,25 @@ impl FlightSqlService for Coordinator {
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+
+    /// tilewise's own actions: `tilewise.join` / `tilewise.leave` (body: a worker URL) and
+    /// `tilewise.workers` (one URL per line); each answers with one result.
+    async fn do_action_fallback(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
+        let action = request.into_inner();
+        let body = String::from_utf8(action.body.to_vec())
+            .map_err(|_| Status::invalid_argument("the action's body is not text"))?;
+        let reply = match action.r#type.as_str() {
+            "tilewise.join" => self.join(body.trim()).await?,
+            "tilewise.leave" => self.leave(body.trim())?,
+            "tilewise.workers" => {
+                self.workers.0.read().expect("workers lock").iter().map(|u| u.to_string()).collect::<Vec<_>>().join("\n")
+            }
+            other => return Err(Status::invalid_argument(format!("unknown action {other:?}"))),
+        };
+        let out = futures::stream::once(async move { Ok(arrow_flight::Result { body: reply.into_bytes().into() }) });
+        Ok(Response::new(Box::pin(out)))
+    }
 }

@@ -12,10 +12,12 @@
 //!
 //! Workers listen on HOST:PORT (gRPC over TCP), unix:PATH or shm:PATH (transport.rs, shm.rs);
 //! the coordinator routes tasks with file affinity (affinity.rs; `--no-affinity`: the crate's
-//! random routing). One copy per hop over shm comes next (docs/tiles.md).
+//! random routing). Workers on other hosts join over TCP through the coordinator's Flight actions
+//! (flight.rs). One copy per hop over shm comes next (docs/tiles.md).
 mod affinity;
 mod flight;
 mod shm;
+mod tally;
 mod transport;
 
 use arrow::csv::WriterBuilder;
@@ -33,18 +35,20 @@ use tokio_stream::wrappers::UnixListenerStream;
 use futures::TryStreamExt;
 use std::error::Error;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 use tonic::transport::Server;
 use url::Url;
 
-#[derive(Clone)]
-struct Workers(Vec<Url>);
+/// The workers a coordinator plans over: its own, plus those that joined from other hosts
+/// (`tilewise join`, the Flight action `tilewise.join`: flight.rs). Read on every query.
+#[derive(Clone, Default)]
+pub struct Workers(pub Arc<RwLock<Vec<Url>>>);
 
 #[async_trait]
 impl WorkerResolver for Workers {
     fn get_urls(&self) -> Result<Vec<Url>, DataFusionError> {
-        Ok(self.0.clone())
+        Ok(self.0.read().expect("workers lock").clone())
     }
 }
 
@@ -100,7 +104,7 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
 
 /// What `query` and `serve` share: the workers, the tables, the planner's settings.
 struct Session {
-    workers: Vec<Url>,
+    workers: Workers,
     tables: Vec<(String, String)>,
     bytes_per_partition: Option<usize>,
     /// each tile reads the same share of every table on every query (affinity.rs); off: the
@@ -111,14 +115,14 @@ struct Session {
 impl Session {
     /// Parse the shared options; returns the rest for the caller.
     fn parse(args: &[String]) -> Result<(Session, Vec<String>), Box<dyn Error>> {
-        let mut s = Session { workers: Vec::new(), tables: Vec::new(), bytes_per_partition: None, affinity: true };
+        let mut s = Session { workers: Workers::default(), tables: Vec::new(), bytes_per_partition: None, affinity: true };
         let mut rest = Vec::new();
         let mut it = args.iter();
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--workers" => {
                     for w in it.next().unwrap_or_else(|| usage()).split(',') {
-                        s.workers.push(Url::parse(w)?);
+                        s.workers.0.write().expect("workers lock").push(Url::parse(w)?);
                     }
                 }
                 "--table" => {
@@ -134,7 +138,7 @@ impl Session {
                 _ => rest.push(a.clone()),
             }
         }
-        if s.workers.is_empty() {
+        if s.workers.0.read().expect("workers lock").is_empty() {
             usage()
         }
         Ok((s, rest))
@@ -150,7 +154,7 @@ impl Session {
         let mut builder = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
-            .with_distributed_worker_resolver(Workers(self.workers.clone()))
+            .with_distributed_worker_resolver(self.workers.clone())
             .with_distributed_channel_resolver(transport::TileResolver::default())
             .with_distributed_planner();
         if self.affinity {
@@ -216,7 +220,7 @@ async fn serve(args: &[String]) -> Result<(), Box<dyn Error>> {
     }
     let addr: SocketAddr = listen.unwrap_or_else(|| usage()).parse()?;
     let ctx = Arc::new(session.context().await?);
-    let svc = FlightServiceServer::new(flight::Coordinator { ctx });
+    let svc = FlightServiceServer::new(flight::Coordinator { ctx, workers: session.workers.clone() });
     eprintln!("tilewise-tiles coordinator (Flight SQL) listening on {addr}");
     Server::builder()
         .add_service(svc)

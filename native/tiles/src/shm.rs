@@ -4,10 +4,12 @@
 //! it unchanged (tonic takes any AsyncRead + AsyncWrite), so the same plans swap transports.
 //!
 //! Set-up: the client connects to the worker's shm socket (a Unix socket beside its gRPC one),
-//! makes the two rings (memfd: anonymous, nothing in /dev/shm, gone with both processes) and four
-//! eventfds (data and space, each way), and passes them with SCM_RIGHTS; each side binds the ring it
-//! reads. The Unix socket stays open for the connection's life: its hang-up is how a side learns
-//! that the other died (a ring cannot say).
+//! makes the two rings (memfd: anonymous, nothing in /dev/shm, gone with both processes; each named
+//! by its reader's pid, `tilewise-tiles-ring-r<PID>`, the worker's from SO_PEERCRED) and four
+//! eventfds (data and space, each way), binds the ring it reads, and passes them with SCM_RIGHTS;
+//! the worker binds the ring it reads and answers one byte, and only then may the client write: no
+//! page of a ring is touched before its reader bound it. The Unix socket stays open for the
+//! connection's life: its hang-up is how a side learns that the other died (a ring cannot say).
 //!
 //! A ring is bounded (RING_BYTES per direction: memory grows with the connections made, never with
 //! an N x N mesh); a full ring makes the writer wait (back-pressure). Each byte is copied once into
@@ -51,7 +53,7 @@ impl Ring {
         }
         let base = p as *mut u8;
         if bind_here {
-            bind_to_my_node(unsafe { base.add(HEADER) }, cap)?;
+            bind_to_my_node(base, len)?; // the header too: its tail is written by the reader
         }
         Ok(Ring { base, cap })
     }
@@ -88,8 +90,11 @@ fn bind_to_my_node(addr: *mut u8, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-fn memfd(cap: usize) -> io::Result<OwnedFd> {
-    let fd = unsafe { libc::memfd_create(c"tilewise-tiles-ring".as_ptr(), libc::MFD_CLOEXEC) };
+/// A ring's memory: named by the pid of the process that reads it (`tilewise-tiles-ring-r<PID>`), so
+/// that /proc shows whose node its pages must be on.
+fn memfd(cap: usize, reader: i32) -> io::Result<OwnedFd> {
+    let name = std::ffi::CString::new(format!("tilewise-tiles-ring-r{reader}")).expect("no NUL");
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -116,6 +121,37 @@ fn signal(fd: &OwnedFd) {
 fn drain(fd: RawFd) {
     let mut v: u64 = 0;
     unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+}
+
+/// The pid of the process at the other end of a connected Unix socket.
+fn peer_pid(sock: RawFd) -> io::Result<i32> {
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let r = unsafe {
+        libc::getsockopt(sock, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut libc::c_void, &mut len)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.pid)
+}
+
+fn send_ack(sock: RawFd) -> io::Result<()> {
+    let b = [1u8; 1];
+    if unsafe { libc::send(sock, b.as_ptr() as *const libc::c_void, 1, libc::MSG_NOSIGNAL) } != 1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Wait (blocking) for the worker's one byte: it has bound the ring it reads.
+fn recv_ack(sock: RawFd) -> io::Result<()> {
+    let mut b = [0u8; 1];
+    match unsafe { libc::recv(sock, b.as_mut_ptr() as *mut libc::c_void, 1, 0) } {
+        1 => Ok(()),
+        0 => Err(io::Error::new(io::ErrorKind::BrokenPipe, "the worker closed the shm socket while setting up")),
+        _ => Err(io::Error::last_os_error()),
+    }
 }
 
 // ---- fd passing (SCM_RIGHTS) ---------------------------------------------------------------------
@@ -188,13 +224,17 @@ impl ShmStream {
     pub async fn connect(path: &str) -> io::Result<ShmStream> {
         let sock = tokio::net::UnixStream::connect(path).await?.into_std()?;
         sock.set_nonblocking(false)?;
-        let (c2s, s2c) = (memfd(RING_BYTES)?, memfd(RING_BYTES)?);
+        let server = peer_pid(sock.as_raw_fd())?;
+        let (c2s, s2c) = (memfd(RING_BYTES, server)?, memfd(RING_BYTES, std::process::id() as i32)?);
         let (c2s_data, c2s_space, s2c_data, s2c_space) = (eventfd()?, eventfd()?, eventfd()?, eventfd()?);
+        // we read s2c: bound to our node before the worker can touch it; the worker binds c2s to its
+        // own and says so (one byte) before we may write into it
+        let rx = Ring::map(s2c.as_raw_fd(), RING_BYTES, true)?;
         let fds = [&c2s, &s2c, &c2s_data, &c2s_space, &s2c_data, &s2c_space].map(|f| f.as_raw_fd());
         let fd = sock.as_raw_fd();
-        tokio::task::spawn_blocking(move || send_fds(fd, &fds)).await.map_err(io::Error::other)??;
-        // we read s2c: bound to our node; the worker binds c2s to its own
-        let rx = Ring::map(s2c.as_raw_fd(), RING_BYTES, true)?;
+        tokio::task::spawn_blocking(move || send_fds(fd, &fds).and_then(|()| recv_ack(fd)))
+            .await
+            .map_err(io::Error::other)??;
         let tx = Ring::map(c2s.as_raw_fd(), RING_BYTES, false)?;
         Self::assemble(tx, rx, c2s_data, c2s_space, s2c_data, s2c_space, sock)
     }
@@ -208,6 +248,7 @@ impl ShmStream {
             (f.next().unwrap(), f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
         let rx = Ring::map(c2s.as_raw_fd(), RING_BYTES, true)?;
         let tx = Ring::map(s2c.as_raw_fd(), RING_BYTES, false)?;
+        send_ack(sock.as_raw_fd())?; // c2s is bound to our node: the client may write
         Self::assemble(tx, rx, s2c_data, s2c_space, c2s_data, c2s_space, sock)
     }
 

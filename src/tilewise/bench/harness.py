@@ -680,24 +680,29 @@ def _policy(doc, ctx: _Ctx, engine_cls, label, p, dataset, writer, wrong: list[s
 def _predicted_tiles(ctx: _Ctx, p, dataset) -> dict | None:
     """For a cooperating engine reading a layout in place: per table, the files, row groups and bytes
     each tile's tasks read by the engine's split rule (engines.splits), to set beside what each tile
-    really read per query (measured in one run, _tile_delta)."""
-    rule = ctx.engine.scan_split if ctx.engine is not None else None
-    if rule is None or not dataset.in_place or ctx.engine.capabilities.replicas:
+    really did per query (measured in one run, _tile_delta). An engine whose per-tile figures are
+    cheap (capabilities.tile_stats) is measured whatever the layout, without a prediction."""
+    if ctx.engine is None or ctx.engine.capabilities.replicas:
+        return None
+    rule = ctx.engine.scan_split if dataset.in_place else None
+    if rule is None and not ctx.engine.capabilities.tile_stats:
         return None
     cores = sum(len(i.cpus) for i in p.instances)
     tables = {}
-    for t, src in dataset.table_sources().items():
+    for t, src in (dataset.table_sources().items() if rule is not None else ()):
         if src.format == "parquet":
             tables[t] = splits.per_tile(scan_files(src), len(p.instances), cores, rule)
-    return {"predicted": tables, "rule": rule.describe(), "queries": {}, "measured_in": None}
+    return {"predicted": tables, "rule": rule.describe() if rule is not None else None, "queries": {},
+            "measured_in": None}
 
 
 def _tile_delta(before: dict, after: dict) -> list[dict]:
-    """Per tile, what one query's scans did there (the difference of the engine's counters)."""
+    """Per tile, what one query did there: the difference of each of the engine's counters (tasks and
+    input bytes; where the engine says so, rows scanned and what its exchange received)."""
     out = []
     for inst in sorted(set(before) | set(after)):
         a, b = after.get(inst, {}), before.get(inst, {})
-        out.append({"tile": inst, **{k: a.get(k, 0) - b.get(k, 0) for k in ("tasks", "input_bytes")}})
+        out.append({"tile": inst, **{k: a.get(k, 0) - b.get(k, 0) for k in sorted(set(a) | set(b))}})
     return out
 
 

@@ -74,6 +74,9 @@ class Capabilities:
     # the transports its cooperating tiles can exchange data over (`--exchange`), the default first;
     # () = the engine has one fixed exchange, or none
     exchanges: tuple[str, ...] = ()
+    # Runtime.scan_stats() is cheap and says per tile what each query did (its scans, what its exchange
+    # received): the power test records it per query whatever the data's layout (else only on --layout)
+    tile_stats: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ network boundaries); clients connect with ADBC (`adbc-driver-flightsql`) or JDBC
 The exchange is chosen per deployment (`--exchange shm|unix|tcp`, Capabilities.exchanges): the
 crate's gRPC over shared-memory rings bound to the reading tile's node, Unix sockets or TCP. Each tile
 owns a share of the data (shares.py: whole files of a K-file layout, the same on every query). Still
-to come (docs/tiles.md): one copy per hop over shm, `join`.
+to come (docs/tiles.md): one copy per hop over shm. Workers on other hosts join over TCP (`tilewise
+join --engine tiles`: the coordinator's Flight actions).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ SPEC = EngineSpec(
     summary="a Flight SQL coordinator + one bound DataFusion worker per instance (datafusion-distributed; "
             "they cooperate on every query)",
     runtime="tilewise.engines.tiles.runtime:TilesCluster",
-    capabilities=Capabilities(replicas=False, refresh=False, join=False, reads=("parquet",),
-                              exchanges=("shm", "unix", "tcp")),
+    capabilities=Capabilities(replicas=False, refresh=False, join=True, reads=("parquet",),
+                              exchanges=("shm", "unix", "tcp"), tile_stats=True),
     missing=build.missing,
     version=version,
     part=PART,

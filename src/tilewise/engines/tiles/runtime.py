@@ -36,6 +36,12 @@ class TilesError(ClusterError):
     pass
 
 
+def _said(e: Exception) -> str:
+    """What a Flight error says, without gRPC's wrapping ("... error, with message: X. Detail: ...")."""
+    text = str(e).split(". Detail:", 1)[0].split("\n", 1)[0]
+    return text.split("with message: ", 1)[-1]
+
+
 def table_paths(dataset) -> list[tuple[str, str, int]]:
     """(table, path, files) per table for the coordinator: its one Parquet file, or the directory
     holding all of a layout's files for it (DataFusion lists a directory as one table)."""
@@ -78,10 +84,14 @@ class TilesCluster(ProcessCluster):
         self.check_installed()
         tables = table_paths(dataset) if dataset is not None else []
         shares.check({name: k for name, _, k in tables}, len(plan.instances))  # before anything starts
+        if join:
+            self._check_join(join)
         try:
             self._begin(plan, dataset, memory_mb, join)
             exe = str(build.binary_path())
-            self.exchange = self.spec.check_exchange(self.exchange)  # `--exchange`, else the default (shm)
+            # `--exchange`, else the default (shm); workers joining from another host: TCP, the only
+            # transport that reaches across hosts
+            self.exchange = "tcp" if join else self.spec.check_exchange(self.exchange)
             urls = []
             for inst in plan.instances:
                 if self.exchange in ("shm", "unix"):  # shm: the socket that sets the rings up
@@ -99,6 +109,9 @@ class TilesCluster(ProcessCluster):
                     log(f"worker {inst.id} started: pid {m.pid}, {m.binding.describe()}")
             for m in self.workers():
                 self.wait_log(m, LISTENING_RE, READY_TIMEOUT_S, "listen")
+            if join:
+                self._join(join, urls, log)
+                return
             cport = free_port(self.host)
             self.placement = placement or nic.place_coordinator(plan, *nic.detect(self.host))
             inst = self.placement.coordinator
@@ -119,6 +132,69 @@ class TilesCluster(ProcessCluster):
             if not self.detach:
                 self.stop()
             raise
+
+    # -- workers on other hosts (`tilewise join`) --
+    @classmethod
+    def join_address(cls, text: str) -> str:
+        """HOST:PORT (or grpc://HOST:PORT, as `status` prints it) -> the coordinator's Flight URI
+        (tilewise.cluster then checks the port and the route to it)."""
+        m = re.fullmatch(r"(?:grpc://)?([^:/]+):(\d+)/?", text or "")
+        if not m:
+            raise UsageError(f"{text!r} is not a tiles coordinator address", "use HOST:PORT or grpc://HOST:PORT")
+        return f"grpc://{m.group(1)}:{m.group(2)}"
+
+    def _action(self, name: str, body: str, timeout_s: float = 30.0) -> str:
+        """One of the coordinator's Flight actions (native/tiles/src/flight.rs): its one result as text."""
+        import pyarrow as pa
+        import pyarrow.flight as fl
+
+        try:
+            client = fl.FlightClient(self.endpoint)
+            try:
+                results = list(client.do_action(fl.Action(name, body.encode()), fl.FlightCallOptions(timeout=timeout_s)))
+            finally:
+                client.close()
+        except (fl.FlightUnavailableError, fl.FlightTimedOutError, OSError) as e:
+            raise TilesError(f"cannot reach the tiles coordinator at {self.endpoint}: {_said(e)}",
+                             "check the address (`tilewise status` on its host prints it) and the route") from None
+        except pa.ArrowException as e:  # the coordinator's own words: what it refused and why
+            raise TilesError(f"the tiles coordinator at {self.endpoint} refused {name.removeprefix('tilewise.')}"
+                             f"{' of ' + body if body else ''}: {_said(e)}") from None
+        return results[0].body.to_pybytes().decode() if results else ""
+
+    def _check_join(self, coordinator: str) -> None:
+        """Before anything starts: the coordinator answers, and its workers are on TCP (a worker on
+        another host cannot reach workers on shm or Unix sockets)."""
+        self.endpoint = coordinator
+        local = [u for u in self.coordinator_workers() if not u.startswith("http://")]
+        if local:
+            raise UsageError(f"the tiles cluster at {coordinator} exchanges over {local[0].split(':', 1)[0]} "
+                             f"({local[0]}), which workers on another host cannot reach",
+                             "start it with `tilewise up --engine tiles --exchange tcp --host ADDR`")
+
+    def _join(self, coordinator: str, urls: list[str], log) -> None:
+        """Ask the coordinator to plan over these workers too; they answer it over TCP."""
+        self.endpoint = coordinator
+        for url in urls:
+            n = self._action("tilewise.join", url)
+            if log:
+                log(f"worker {url} joined the coordinator at {coordinator} ({n} workers there now)")
+
+    def coordinator_workers(self) -> list[str]:
+        """The worker URLs the coordinator plans over now, its own and those that joined."""
+        return [u for u in self._action("tilewise.workers", "").splitlines() if u]
+
+    def stop(self, timeout: float = 10.0) -> list[int]:
+        """A joined host's workers leave the coordinator first (when it still answers), so that its
+        queries no longer plan over them; then every process stops as for any cluster."""
+        if self.joined and not self._stopped and self.endpoint:
+            for m in self.workers():
+                if m.extra.get("port"):
+                    try:
+                        self._action("tilewise.leave", f"http://{self.host}:{m.extra['port']}", timeout_s=5.0)
+                    except TilewiseError:  # a coordinator that is gone has nothing to forget
+                        pass
+        return super().stop(timeout)
 
     # -- queries --
     def _connection(self):
@@ -170,22 +246,33 @@ class TilesCluster(ProcessCluster):
         return {} if m is None else {"threads": m.cores, "pid": m.pid, **resident_mb(m.pid)}
 
     def scan_stats(self) -> dict[int, dict] | None:
-        """Per tile, cumulative: its scan tasks and the bytes of the files and ranges assigned to them,
-        read from what its worker logs per task (shares.read_log)."""
-        out = {}
-        for m in self.workers():
+        """Per tile, cumulative: its scan tasks and the bytes of the files and ranges assigned to them
+        (what its worker logs per task: shares.read_log), and the rows its scans produced and what its
+        exchange received (what the coordinator logs per query from the crate's metrics:
+        shares.read_coordinator_log; tile i = the i-th worker, in the plan's instance order)."""
+        def text(m) -> str:
             try:
-                text = Path(m.log).read_text(errors="replace")
+                return Path(m.log).read_text(errors="replace")
             except OSError:
-                continue
-            d = shares.read_log(text)
-            out[m.instance] = {"tasks": d["tasks"], "input_bytes": d["input_bytes"]}
+                return ""
+
+        coord = next((m for m in self.members if m.role == "coordinator"), None)
+        tallies = shares.read_coordinator_log(text(coord)) if coord is not None else {}
+        out = {}
+        for i, m in enumerate(self.workers()):  # started in the order the coordinator was given them
+            d = shares.read_log(text(m))
+            out[m.instance] = {"tasks": d["tasks"], "input_bytes": d["input_bytes"],
+                               **tallies.get(str(i), dict.fromkeys(shares.TALLY_KEYS, 0))}
         return out
 
     def instance_extra(self, d: dict) -> dict:
         return {"coordinator": self.endpoint, "exchange": getattr(self, "exchange", None)}
 
     def connect_hints(self, state) -> list[str]:
+        if self.joined:
+            return [f"these workers joined the coordinator at {self.endpoint}: query it there (`tilewise query` on "
+                    "its host, or ADBC Flight SQL at that URI)",
+                    f"leave: tilewise down --name {state.name} (here)"]
         return [f"coordinator: {self.endpoint} (Arrow Flight SQL)",
                 f"query: tilewise query --name {state.name} \"SELECT ...\"",
                 "   or: python -c \"import adbc_driver_flightsql.dbapi as f; c = f.connect('"

@@ -17,6 +17,9 @@ import re
 from tilewise.errors import UsageError
 
 SCAN_LINE = re.compile(r"^tilewise-tiles scan: (\[.*\])\s*$", re.M)
+QUERY_LINE = re.compile(r"^tilewise-tiles query: (\{.*\})\s*$", re.M)
+# what the coordinator says each tile did for a query (native/tiles/src/tally.rs), summed over queries
+TALLY_KEYS = ("rows_scanned", "bytes_in", "messages_in", "latency_ns", "decode_ns")
 
 
 def check(files: dict[str, int], tiles: int, what: str = "table") -> None:
@@ -45,6 +48,23 @@ def read_log(text: str) -> dict:
             assigned += size if start < 0 else end - start
             files.add(path)
     return {"tasks": tasks, "input_bytes": assigned, "files": files}
+
+
+def read_coordinator_log(text: str) -> dict[str, dict[str, int]]:
+    """Per worker index (as the coordinator numbers its workers: "0", "1", ...) and "coordinator", the
+    sums over every query so far of what tally.rs logged: rows its scans produced, and what its
+    network boundaries received (bytes, messages, the messages' summed latency, decoding time)."""
+    out: dict[str, dict[str, int]] = {}
+    for m in QUERY_LINE.finditer(text):
+        try:
+            doc = json.loads(m.group(1))
+        except ValueError:
+            continue
+        for key, d in [*doc.get("tiles", {}).items(), ("coordinator", doc.get("coordinator") or {})]:
+            acc = out.setdefault(key, dict.fromkeys(TALLY_KEYS, 0))
+            for k in TALLY_KEYS:
+                acc[k] += int(d.get(k, 0))
+    return out
 
 
 def overlap(per_tile: dict[int, dict]) -> list[str]:

@@ -465,6 +465,7 @@ def render(doc: BenchmarkDoc, out) -> None:
         marks.append("! = a run is an outlier (modified z-score > 3.5; see results.json)")
     T.far_memory(doc.get("far_memory") or {}, out)
     render_layout(doc, out)
+    render_tiles(doc, out)
     T.footer(doc, out, notes=marks + doc.notes)
 
 
@@ -480,7 +481,7 @@ def render_layout(doc: BenchmarkDoc, out) -> None:
             f"{(tabs[big].get('bytes') or 0) / 1e6:.2f} MB" if big else ""
     out.print(f"layout {lay.get('name')} read in place from {lay.get('dir')}{shown}", markup=False, highlight=False)
     for n, rec in doc.policies.items():
-        tiles = rec.get("tiles")
+        tiles = rec.tiles
         if not tiles:
             continue
         pred = (tiles.get("predicted") or {}).get(big) or []
@@ -496,6 +497,51 @@ def render_layout(doc: BenchmarkDoc, out) -> None:
                 cells.append(f"{m['tasks']} / {m['input_bytes'] / 1e6:.2f}" if m else "-")
             t.add_row(str(i), *cells)
         out.print(t)
+
+
+TILE_SUMS = ("tasks", "rows_scanned", "bytes_in", "messages_in", "latency_ns", "decode_ns")
+
+
+def tile_balance(queries: dict[str, list[dict]]) -> tuple[dict[int, dict], str | None, float | None]:
+    """Per tile, the sums over the measured run's queries; and the query whose rows scanned were
+    spread most unevenly over the tiles, with its max/mean (1.0 = even)."""
+    sums: dict[int, dict] = {}
+    worst, worst_ratio = None, None
+    for q, rows in queries.items():
+        for x in rows:
+            acc = sums.setdefault(x["tile"], dict.fromkeys(TILE_SUMS, 0))
+            for k in TILE_SUMS:
+                acc[k] += x.get(k, 0)
+        scanned = [x.get("rows_scanned", 0) for x in rows]
+        if len(scanned) > 1 and sum(scanned) > 0:
+            ratio = max(scanned) / (sum(scanned) / len(scanned))
+            if worst_ratio is None or ratio > worst_ratio:
+                worst, worst_ratio = q, ratio
+    return sums, worst, worst_ratio
+
+
+def render_tiles(doc: BenchmarkDoc, out) -> None:
+    """Cooperating tiles that say what each did per query (rows scanned, what their exchange received):
+    per tile, the sums over the measured run, and how evenly the scans were spread."""
+    for n, rec in doc.policies.items():
+        queries = (rec.tiles or {}).get("queries") or {}
+        if not any("rows_scanned" in x for rows in queries.values() for x in rows):
+            continue
+        sums, worst, ratio = tile_balance(queries)
+        t = T.table(f"{n}: per tile over the {rec.tiles.get('measured_in')} run's {len(queries)} queries (the "
+                    "engine's own metrics): tasks, rows its scans produced, and what its exchange received -- MB, "
+                    "messages, the messages' summed latency (send to receipt) and the time spent decoding them",
+                    ("tile", "tasks", "rows scanned", "MB in", "messages", "latency s", "decode s"), left=["tile"])
+        for i in sorted(sums):
+            x = sums[i]
+            t.add_row(str(i), str(x["tasks"]), f"{x['rows_scanned']:,}", f"{x['bytes_in'] / 1e6:.2f}",
+                      str(x["messages_in"]), f"{x['latency_ns'] / 1e9:.3f}", f"{x['decode_ns'] / 1e9:.3f}")
+        out.print(t)
+        total = [sums[i]["rows_scanned"] for i in sorted(sums)]
+        if len(total) > 1 and sum(total):
+            out.print(f"{n}: rows scanned per tile, max/mean {max(total) / (sum(total) / len(total)):.2f} over the run"
+                      + (f"; most uneven query {worst} ({ratio:.2f})" if worst else "") + " (1.00 = even)",
+                      markup=False, highlight=False)
 
 
 def _metric_cell(s: dict | None) -> str:
