@@ -36,6 +36,8 @@ def test_bench_tpch_over_each_exchange_every_answer_valid(tpch_sf001, tmp_path, 
     assert sorted(pol["queries"]) == sorted(f"q{n}" for n in range(1, 23))
     assert all(q["valid"] is True for q in pol["queries"].values()), pol["queries"]
     assert all(i["binding_verified"] is True for i in pol["instances"])
+    # no compression inside the box (measured faster); the crate's lz4 over TCP, which crosses hosts too
+    assert {i["settings"]["compression"] for i in pol["instances"]} == {"lz4" if exchange == "tcp" else "none"}
     # per tile and query, from the crate's metrics: q1 scans lineitem once over the tiles, and the
     # tiles' partial aggregates cross the exchange
     q1 = pol["tiles"]["queries"]["q1"]
@@ -61,6 +63,12 @@ def test_up_query_over_flight_sql_and_a_killed_tile(tpch_sf001, state_env, tmp_p
         with flightsql.connect(uri) as con, con.cursor() as cur:
             cur.execute("select count(*) as n from lineitem")
             assert cur.fetch_arrow_table().column("n").to_pylist() == [60175]
+        # a statement over its time limit fails in one line naming it (the client cancels it)
+        cp = run_cli("query", "--name", "t", "--timeout", "1",
+                     "select count(*) from lineitem a, lineitem b where a.l_partkey + b.l_partkey = 7", env=env,
+                     timeout=60)
+        assert cp.returncode != 0 and cp.stderr.count("Error:") == 1, cp.stderr
+        assert "cancelled after the time limit of 1 s" in cp.stderr
         workers = [m for m in up["members"] if m["role"] == "worker"]
         os.kill(workers[1]["pid"], signal.SIGKILL)
         cp = run_cli("query", "--name", "t", "select l_returnflag, count(*) from lineitem group by 1", env=env,

@@ -86,3 +86,5 @@ def test_tile_balance_sums_per_tile_and_names_the_most_uneven_query():
     sums, worst, ratio = tile_balance(queries)
     assert sums[0]["rows_scanned"] == 140 and sums[1]["rows_scanned"] == 60 and sums[0]["bytes_in"] == 7
     assert worst == "q9" and ratio == pytest.approx(1.8)
+    _, worst, ratio = tile_balance(queries, "bytes_in")
+    assert worst == "q9" and ratio == pytest.approx(2.0)

@@ -271,8 +271,7 @@ def check_tiles() -> dict:
         token = json.loads(state_file.read_text())["token"] if state_file.exists() else None
         sql = os.environ.get("TILEWISE_GUEST_UP_SQL", "SELECT count(*) AS n FROM lineitem")
         out["query"] = cli("query", "--name", TILES_NAME, "--json", sql, timeout=600)
-        out["status"] = cli("status", "--name", TILES_NAME, "--json", timeout=300)
-        members = (out["status"]["json"] or {}).get("members") or []
+        members = (out["up"]["json"] or {}).get("members") or []  # `up` prints the status (a CLI call costs seconds here)
         out["proc"] = {str(m["pid"]): {**_proc_binding(m["pid"]), "rings": _rings(m["pid"])} for m in members}
         out["tagged_before"] = _carrying(token)
         out["down"] = cli("down", "--name", TILES_NAME, "--json", timeout=300)

@@ -110,12 +110,14 @@ struct Session {
     /// each tile reads the same share of every table on every query (affinity.rs); off: the
     /// crate's random routing
     affinity: bool,
+    /// how workers compress what they send each other (the crate's default: lz4): none, lz4, zstd
+    compression: Option<String>,
 }
 
 impl Session {
     /// Parse the shared options; returns the rest for the caller.
     fn parse(args: &[String]) -> Result<(Session, Vec<String>), Box<dyn Error>> {
-        let mut s = Session { workers: Workers::default(), tables: Vec::new(), bytes_per_partition: None, affinity: true };
+        let mut s = Session { workers: Workers::default(), tables: Vec::new(), bytes_per_partition: None, affinity: true, compression: None };
         let mut rest = Vec::new();
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -135,6 +137,7 @@ impl Session {
                     s.bytes_per_partition = Some(it.next().unwrap_or_else(|| usage()).parse()?)
                 }
                 "--no-affinity" => s.affinity = false,
+                "--compression" => s.compression = Some(it.next().unwrap_or_else(|| usage()).clone()),
                 _ => rest.push(a.clone()),
             }
         }
@@ -159,6 +162,14 @@ impl Session {
             .with_distributed_planner();
         if self.affinity {
             builder = affinity::install(builder);
+        }
+        if let Some(c) = &self.compression {
+            builder = builder.with_distributed_compression(match c.as_str() {
+                "none" => None,
+                "lz4" => Some(datafusion_distributed::CompressionType::LZ4_FRAME),
+                "zstd" => Some(datafusion_distributed::CompressionType::ZSTD),
+                other => return Err(format!("--compression {other}: none, lz4 or zstd").into()),
+            })?;
         }
         if let Some(b) = self.bytes_per_partition {
             builder = builder.with_distributed_file_scan_config_bytes_per_partition(b)?;

@@ -57,5 +57,5 @@ SPEC = EngineSpec(
     scan_split=splits.FileAffinity(one_file="cut into byte ranges by the crate, each on the same tile on every "
                                              "query; not predicted (see the measured figures)"),
     check_shares=shares.check,
-    env=(build.CACHE,),
+    env=(build.CACHE, build.COMPRESSION),
 )

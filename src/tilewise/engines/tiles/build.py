@@ -31,6 +31,10 @@ PROFILE = "tilewise"
 CACHE = envvars.Var("TILEWISE_TILES_CACHE", envvars.directory, "a directory",
                      "set it to a writable directory for the engine's build, or unset it")
 CACHE_VAR = CACHE.name
+# how the workers compress what they send each other: unset, none over shm and unix (no network to
+# save; measured faster, docs/tiles.md) and the crate's lz4 over tcp (between hosts too)
+COMPRESSION = envvars.Var("TILEWISE_TILES_COMPRESSION", envvars.choice("none", "lz4", "zstd"), "none, lz4 or zstd",
+                          "unset it for the measured default (none over shm and unix, lz4 over tcp)")
 
 
 def cache_root() -> Path:

@@ -115,12 +115,14 @@ class TilesCluster(ProcessCluster):
             cport = free_port(self.host)
             self.placement = placement or nic.place_coordinator(plan, *nic.detect(self.host))
             inst = self.placement.coordinator
+            compression = build.COMPRESSION.value() or ("lz4" if self.exchange == "tcp" else "none")
             argv = [exe, "serve", "--listen", f"{self.host}:{cport}", "--workers", ",".join(urls),
-                    "--bytes-per-partition", str(BYTES_PER_TASK)]
+                    "--bytes-per-partition", str(BYTES_PER_TASK), "--compression", compression]
             for name, path, _ in tables:
                 argv += ["--table", f"{name}={path}"]
             b = Binding.from_instance(inst, allocator) if inst is not None else Binding(None)
-            m = self._spawn("coordinator", None, argv, b, cores=len(inst.cpus) if inst else 0, extra={"port": cport})
+            m = self._spawn("coordinator", None, argv, b, cores=len(inst.cpus) if inst else 0,
+                            extra={"port": cport, "compression": compression})
             self._verify_started(m)
             self.endpoint = f"grpc://{self.host}:{cport}"
             self.wait_log(m, LISTENING_RE, READY_TIMEOUT_S, "listen")
@@ -205,21 +207,42 @@ class TilesCluster(ProcessCluster):
         return self._conn
 
     def _sql(self, sql: str, timeout_s: float | None = None):
+        """Run one statement; after timeout_s the client cancels it (the coordinator drops its stream,
+        and with it the tasks on the tiles), and it fails naming the limit."""
+        import threading
         import warnings
 
         t0 = time.monotonic()
+        timer, expired = None, threading.Event()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cur = self._connection().cursor()
+                if timeout_s:
+                    def cancel() -> None:
+                        expired.set()
+                        try:
+                            cur.adbc_cancel()
+                        except Exception:  # noqa: BLE001 - a statement that just finished
+                            pass
+                    timer = threading.Timer(timeout_s, cancel)
+                    timer.daemon = True
+                    timer.start()
                 try:
                     cur.execute(sql)
                     table = cur.fetch_arrow_table()
                 finally:
+                    if timer is not None:
+                        timer.cancel()
                     cur.close()
         except Exception as e:  # noqa: BLE001 - the driver raises several types; one error line for the CLI
+            if expired.is_set():
+                self.close()  # a fresh connection for the next statement
+                raise TilewiseError(f"tiles query cancelled after the time limit of {timeout_s:g} s") from None
             self.check_alive("run a query")
             raise TilewiseError(f"tiles query failed: {' '.join(str(e).split())[:600]}") from None
+        if expired.is_set():  # it finished as the limit came
+            raise TilewiseError(f"tiles query cancelled after the time limit of {timeout_s:g} s")
         return table, time.monotonic() - t0
 
     def run_query(self, sql: str, *, instance: int | None = None, timeout_s: float | None = None) -> QueryResult:
@@ -239,11 +262,17 @@ class TilesCluster(ProcessCluster):
             self._conn = None
 
     # -- inspection --
+    def _coordinator(self):
+        return next((m for m in self.members if m.role == "coordinator"), None)
+
     def info(self, instance: int) -> dict:
         """The worker's CPUs, pid and resident memory (now, at its peak, anonymous): the tiles hold one
         copy of the data between them, so this is what each tile costs beside a replica's."""
         m = self.worker(instance)
-        return {} if m is None else {"threads": m.cores, "pid": m.pid, **resident_mb(m.pid)}
+        coord = self._coordinator()
+        return {} if m is None else {"threads": m.cores, "pid": m.pid, **resident_mb(m.pid),
+                                     "settings": {"exchange": self.exchange,
+                                                  "compression": coord.extra.get("compression") if coord else None}}
 
     def scan_stats(self) -> dict[int, dict] | None:
         """Per tile, cumulative: its scan tasks and the bytes of the files and ranges assigned to them
@@ -256,7 +285,7 @@ class TilesCluster(ProcessCluster):
             except OSError:
                 return ""
 
-        coord = next((m for m in self.members if m.role == "coordinator"), None)
+        coord = self._coordinator()
         tallies = shares.read_coordinator_log(text(coord)) if coord is not None else {}
         out = {}
         for i, m in enumerate(self.workers()):  # started in the order the coordinator was given them

@@ -502,9 +502,10 @@ def render_layout(doc: BenchmarkDoc, out) -> None:
 TILE_SUMS = ("tasks", "rows_scanned", "bytes_in", "messages_in", "latency_ns", "decode_ns")
 
 
-def tile_balance(queries: dict[str, list[dict]]) -> tuple[dict[int, dict], str | None, float | None]:
-    """Per tile, the sums over the measured run's queries; and the query whose rows scanned were
-    spread most unevenly over the tiles, with its max/mean (1.0 = even)."""
+def tile_balance(queries: dict[str, list[dict]], key: str = "rows_scanned"
+                 ) -> tuple[dict[int, dict], str | None, float | None]:
+    """Per tile, the sums over the measured run's queries; and the query whose `key` (rows scanned,
+    bytes received) was spread most unevenly over the tiles, with its max/mean (1.0 = even)."""
     sums: dict[int, dict] = {}
     worst, worst_ratio = None, None
     for q, rows in queries.items():
@@ -512,9 +513,9 @@ def tile_balance(queries: dict[str, list[dict]]) -> tuple[dict[int, dict], str |
             acc = sums.setdefault(x["tile"], dict.fromkeys(TILE_SUMS, 0))
             for k in TILE_SUMS:
                 acc[k] += x.get(k, 0)
-        scanned = [x.get("rows_scanned", 0) for x in rows]
-        if len(scanned) > 1 and sum(scanned) > 0:
-            ratio = max(scanned) / (sum(scanned) / len(scanned))
+        values = [x.get(key, 0) for x in rows]
+        if len(values) > 1 and sum(values) > 0:
+            ratio = max(values) / (sum(values) / len(values))
             if worst_ratio is None or ratio > worst_ratio:
                 worst, worst_ratio = q, ratio
     return sums, worst, worst_ratio
@@ -527,7 +528,7 @@ def render_tiles(doc: BenchmarkDoc, out) -> None:
         queries = (rec.tiles or {}).get("queries") or {}
         if not any("rows_scanned" in x for rows in queries.values() for x in rows):
             continue
-        sums, worst, ratio = tile_balance(queries)
+        sums, _, _ = tile_balance(queries)
         t = T.table(f"{n}: per tile over the {rec.tiles.get('measured_in')} run's {len(queries)} queries (the "
                     "engine's own metrics): tasks, rows its scans produced, and what its exchange received -- MB, "
                     "messages, the messages' summed latency (send to receipt) and the time spent decoding them",
@@ -537,11 +538,13 @@ def render_tiles(doc: BenchmarkDoc, out) -> None:
             t.add_row(str(i), str(x["tasks"]), f"{x['rows_scanned']:,}", f"{x['bytes_in'] / 1e6:.2f}",
                       str(x["messages_in"]), f"{x['latency_ns'] / 1e9:.3f}", f"{x['decode_ns'] / 1e9:.3f}")
         out.print(t)
-        total = [sums[i]["rows_scanned"] for i in sorted(sums)]
-        if len(total) > 1 and sum(total):
-            out.print(f"{n}: rows scanned per tile, max/mean {max(total) / (sum(total) / len(total)):.2f} over the run"
-                      + (f"; most uneven query {worst} ({ratio:.2f})" if worst else "") + " (1.00 = even)",
-                      markup=False, highlight=False)
+        for key, what in (("rows_scanned", "rows scanned"), ("bytes_in", "bytes received")):
+            total = [sums[i][key] for i in sorted(sums)]
+            if len(total) > 1 and sum(total):
+                _, worst, ratio = tile_balance(queries, key)
+                out.print(f"{n}: {what} per tile, max/mean {max(total) / (sum(total) / len(total)):.2f} over the run"
+                          + (f"; most uneven query {worst} ({ratio:.2f})" if worst else "") + " (1.00 = even)",
+                          markup=False, highlight=False)
 
 
 def _metric_cell(s: dict | None) -> str:
