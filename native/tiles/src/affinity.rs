@@ -17,8 +17,8 @@
 //!
 //! So with a K-file layout (K a multiple of N) tile t owns files t, t+N, t+2N, ... of every table:
 //! it reads them on every query, and the pages it reads are first touched by it, under its memory
-//! policy -- on its node. tilewise computes the same shares (engines/tiles/runtime.py: `shares`)
-//! and reports them per tile.
+//! policy -- on its node. tilewise predicts the same shares (engines.splits.FileAffinity), checks
+//! that every tile owns some (engines/tiles/shares.py) and reports what each tile read.
 use datafusion::common::Result;
 use datafusion::catalog::memory::DataSourceExec;
 use datafusion::datasource::listing::PartitionedFile;
