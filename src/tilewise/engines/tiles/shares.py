@@ -5,8 +5,9 @@ A table laid out as K >= 2 files is owned by files: file k (in path order) is re
 every query (engines.splits.FileAffinity predicts it), so N tiles hold one copy of it between them,
 each its own pages. A tile that would own no file of a table (2 <= K < N) is refused: it would sit
 out every scan of that table. A table of one file is cut by the crate into byte ranges, the same on
-every query; a range reads the row groups whose midpoint it holds, so a file of fewer row groups than
-tiles leaves some tiles without work on that table (measured per tile, never hidden).
+every query; a range reads the row groups whose first page it holds (DataFusion's rule), so a file of
+fewer row groups than tiles leaves some tiles without work on that table (measured per tile, never
+hidden).
 """
 
 from __future__ import annotations
@@ -66,11 +67,3 @@ def read_coordinator_log(text: str) -> dict[str, dict[str, int]]:
                 acc[k] += int(d.get(k, 0))
     return out
 
-
-def overlap(per_tile: dict[int, dict]) -> list[str]:
-    """The files more than one tile read (with affinity, only one-file tables cut into byte ranges)."""
-    seen: dict[str, int] = {}
-    for d in per_tile.values():
-        for f in d["files"]:
-            seen[f] = seen.get(f, 0) + 1
-    return sorted(f for f, n in seen.items() if n > 1)
