@@ -80,7 +80,7 @@ def _bench(tmp_path, data_dir, engine: str, env: dict) -> subprocess.Popen:
 # Spark and Trino take about a minute each here (their JVMs' start): with the slow tests
 # (TILEWISE_SLOW=1, `make test-all`); the deferral under test is the contract's, wrapped around every
 # engine's stop() alike (engines.contract.Runtime.__init_subclass__)
-@pytest.mark.parametrize("engine", ["duckdb", "postgres", "clickhouse", pytest.param("spark", marks=pytest.mark.slow),
+@pytest.mark.parametrize("engine", ["duckdb", "postgres", "clickhouse", "tiles", pytest.param("spark", marks=pytest.mark.slow),
                                     pytest.param("trino", marks=pytest.mark.slow)])
 def test_a_burst_of_ctrl_c_during_clean_up_leaves_nothing(tmp_path, tpch_sf001, engine, short_tmp):
     """SIGINT every 0.1 s from the first one on, through the whole clean-up: the run still stops and

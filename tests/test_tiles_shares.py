@@ -66,16 +66,19 @@ def test_bench_refuses_more_tiles_than_files_before_anything_is_made(tmp_path):
 
 def test_the_coordinators_per_query_lines_are_summed_per_tile():
     log = ('tilewise-tiles coordinator (Flight SQL) listening on 127.0.0.1:1\n'
-           'tilewise-tiles query: {"tiles":{},"coordinator":{"tasks":1,"rows_scanned":0,"bytes_in":0,'
+           'tilewise-tiles query: {"n":1,"tiles":{},"coordinator":{"tasks":1,"rows_scanned":0,"bytes_in":0,'
            '"messages_in":0,"latency_ns":0,"decode_ns":0}}\n'
-           'tilewise-tiles query: {"tiles":{"0":{"tasks":3,"rows_scanned":10,"bytes_in":100,"messages_in":2,'
+           'tilewise-tiles query: {"n":2,"tiles":{"0":{"tasks":3,"rows_scanned":10,"bytes_in":100,"messages_in":2,'
            '"latency_ns":5,"decode_ns":1},"1":{"tasks":3,"rows_scanned":30,"bytes_in":50,"messages_in":1,'
            '"latency_ns":7,"decode_ns":2}},"coordinator":{"tasks":1,"bytes_in":9,"messages_in":1}}\n'
-           'tilewise-tiles query: no per-tile figures (a query that failed)\n'
-           'tilewise-tiles query: {"tiles":{"0":{"rows_scanned":5}},"coordinator":{}}\n')
-    got = shares.read_coordinator_log(log)
+           'tilewise-tiles query: {"n":3,"unmeasured":"the metrics of some tasks did not arrive within 3 s"}\n'
+           'tilewise-tiles query: {"n":5,"tiles":{"0":{"rows_scanned":5}},"coordinator":{}}\n'
+           'tilewise-tiles query: {"n":4,"tiles":{"0":{"rows_scanned":1000}},"coordinator":{}}\n'
+           'tilewise-tiles query: {"n":6,"tiles":{"0":{"rows_sca')  # a line cut short
+    got, seen, unmeasured = shares.read_coordinator_log(log, skip={4})
     assert got["0"] == {"rows_scanned": 15, "bytes_in": 100, "messages_in": 2, "latency_ns": 5, "decode_ns": 1}
     assert got["1"]["rows_scanned"] == 30 and got["coordinator"]["bytes_in"] == 9
+    assert seen == {1, 2, 3, 4, 5} and unmeasured == {3}  # 4: given up on by tilewise, so not summed
 
 
 def test_tile_balance_sums_per_tile_and_names_the_most_uneven_query():
@@ -88,3 +91,8 @@ def test_tile_balance_sums_per_tile_and_names_the_most_uneven_query():
     assert worst == "q9" and ratio == pytest.approx(1.8)
     _, worst, ratio = tile_balance(queries, "bytes_in")
     assert worst == "q9" and ratio == pytest.approx(2.0)
+    # a query whose figures never came counts nowhere (its zeros are not a measurement)
+    queries["q14a"] = [{"tile": 0, "tasks": 9, "rows_scanned": 0, "unmeasured": 1},
+                       {"tile": 1, "tasks": 9, "rows_scanned": 900, "unmeasured": 1}]
+    sums, worst, _ = tile_balance(queries)
+    assert sums[0]["tasks"] == 3 and sums[1]["rows_scanned"] == 60 and worst == "q9"

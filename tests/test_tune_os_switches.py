@@ -48,6 +48,13 @@ def thp(root: Path) -> str:
     return SWITCHES["thp"].parse(raw(root, THP))
 
 
+def thp_now(root: Path) -> str | None:
+    """THP as a test polls it while tilewise writes the fake file: a regular file is truncated, then
+    written (the kernel's file never shows empty), so an empty read is "not yet", never a value."""
+    text = raw(root, THP)
+    return SWITCHES["thp"].parse(text) if text else None
+
+
 def journals() -> list[Path]:
     return sorted((changes.state_dir() / "journals").glob("*.json"))
 
@@ -264,7 +271,7 @@ def _tune(root, tmp_path, name="o", **kw):
 def test_sigint_restores(root, tmp_path):
     proc = _tune(root, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_for(lambda: thp(root) == "never")
+        _wait_for(lambda: thp_now(root) == "never")
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
@@ -279,7 +286,7 @@ def test_sigint_restores(root, tmp_path):
 def test_two_apply_os_runs_the_second_refuses_naming_the_first(root, tmp_path):
     first = _tune(root, tmp_path, "a", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: thp(root) == "never")
+        _wait_for(lambda: thp_now(root) == "never")
         second = _tune(root, tmp_path, "b", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         _, err = second.communicate(timeout=120)
         assert second.returncode == 1, err
@@ -296,7 +303,7 @@ def test_two_apply_os_runs_the_second_refuses_naming_the_first(root, tmp_path):
 def test_sigkill_then_restore_command(root, tmp_path, cli):
     proc = _tune(root, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        _wait_for(lambda: thp(root) == "never")
+        _wait_for(lambda: thp_now(root) == "never")
         time.sleep(0.3)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # tilewise dies at once, with its journal on disk

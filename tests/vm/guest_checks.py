@@ -186,9 +186,11 @@ def check_exec() -> dict:
 
 
 def check_bench() -> dict:
+    """`bench tpch` under wim, win and wicp: the queries the host test names (TILEWISE_GUEST_BENCH_QUERIES)."""
     out = WORK / "bench"
-    r = cli("bench", "tpch", "--sf", "0.01", "--policies", "wim,win,wicp", "--runs", "1", "--no-warmup", "--no-plots",
-            "--tests", "power", "--out", str(out), "--json", timeout=1500)
+    queries = os.environ.get("TILEWISE_GUEST_BENCH_QUERIES", "1-22")
+    r = cli("bench", "tpch", "--sf", "0.01", "--policies", "wim,win,wicp", "--queries", queries, "--runs", "1",
+            "--no-warmup", "--no-plots", "--tests", "power", "--out", str(out), "--json", timeout=1500)
     files = sorted(p.name for p in out.glob("*")) if out.exists() else []
     r["files"] = files
     r["leftover_processes"] = _tilewise_children()
@@ -238,14 +240,15 @@ def check_up() -> dict:
 
 
 TILES_NAME = "tlvm"
-# the tiles engine's shared-memory rings: memfds named by the pid of the process that reads them
-# (native/tiles/src/shm.rs)
-RING = re.compile(r"memfd:tilewise-tiles-ring-r(\d+)")
+# the tiles engine's shared memory, memfds named by the pid of the process that reads them: the
+# rings of the control messages (native/tiles/src/shm.rs) and the arenas the batches are written
+# into (native/tiles/src/exchange.rs)
+RING = re.compile(r"memfd:tilewise-tiles-(ring|arena)-r(\d+)")
 
 
 def _rings(pid: int) -> list[dict]:
-    """The shared-memory rings a process maps (each mapping): whose pid reads it, the mapping's memory
-    policy as numa_maps shows it, and its pages per node."""
+    """The shared memory a process maps (each mapping): ring or arena, whose pid reads it, the
+    mapping's memory policy as numa_maps shows it, and its pages per node."""
     out = []
     for ln in _read(Path(f"/proc/{pid}/numa_maps")).splitlines():
         m = RING.search(ln)
@@ -253,7 +256,7 @@ def _rings(pid: int) -> list[dict]:
             continue
         parts = ln.split()
         pages = {x.group(1): int(x.group(2)) for x in (re.fullmatch(r"N(\d+)=(\d+)", y) for y in parts) if x}
-        out.append({"reader": int(m.group(1)), "policy": parts[1], "pages": pages})
+        out.append({"kind": m.group(1), "reader": int(m.group(2)), "policy": parts[1], "pages": pages})
     return out
 
 

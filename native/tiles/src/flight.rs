@@ -27,6 +27,36 @@ use tonic::{Request, Response, Status};
 pub struct Coordinator {
     pub ctx: Arc<SessionContext>,
     pub workers: crate::Workers,
+    /// statements run so far (DoGet): each gets one line of per-tile figures in the log, numbered
+    pub statements: std::sync::atomic::AtomicU64,
+}
+
+/// How long the per-tile figures of a statement may take to arrive once it is over. The crate waits
+/// for the metrics of every task of every stage, and a task that never ran (a branch the plan did
+/// not need: TPC-DS q14a, q23a) sends none: without a bound the wait never ends.
+const METRICS_WAIT: Duration = Duration::from_secs(3);
+
+/// Dropped with a statement's answer stream: logs what each tile did for it.
+struct Figures {
+    plan: Option<Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+    workers: usize,
+    n: u64,
+}
+
+impl Drop for Figures {
+    fn drop(&mut self) {
+        let (Some(plan), workers, n) = (self.plan.take(), self.workers, self.n) else { return };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        rt.spawn(async move {
+            let figures = tokio::time::timeout(METRICS_WAIT, crate::tally::tally(plan, workers)).await;
+            eprintln!("{}", match figures {
+                Ok(Ok(t)) => crate::tally::line(n, &t),
+                Ok(Err(e)) => crate::tally::unmeasured(n, &e.to_string()),
+                Err(_) => crate::tally::unmeasured(
+                    n, &format!("the metrics of some tasks did not arrive within {} s", METRICS_WAIT.as_secs())),
+            });
+        });
+    }
 }
 
 /// How long the coordinator tries to reach a worker that asks to join.
@@ -122,16 +152,18 @@ impl FlightSqlService for Coordinator {
         let schema = Arc::new(df.schema().as_arrow().clone());
         let plan = df.create_physical_plan().await.map_err(err)?;
         let stream = execute_stream(Arc::clone(&plan), self.ctx.task_ctx()).map_err(err)?;
-        // once the answer is out: what each tile did (tally.rs), one line in the coordinator's log
+        // once the statement is over -- answered, failed or cancelled: the stream is dropped -- what
+        // each tile did (tally.rs), one numbered line in the coordinator's log, written by a task of
+        // its own: the client's answer does not wait for the workers' metrics (tilewise reads the
+        // line after the statement's time is taken)
         let workers = self.workers.0.read().expect("workers lock").len();
-        let after = futures::stream::once(async move {
-            match crate::tally::tally(plan, workers).await {
-                Ok(t) => eprintln!("{}", crate::tally::line(&t)),
-                Err(e) => eprintln!("tilewise-tiles query: no per-tile figures ({e})"),
-            }
-        })
-        .filter_map(|()| futures::future::ready(None));
-        let batches = stream.chain(after).map_err(|e| arrow_flight::error::FlightError::ExternalError(Box::new(e)));
+        let n = self.statements.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let figures = Figures { plan: Some(plan), workers, n };
+        let stream = stream.map(move |x| {
+            let _ = &figures;
+            x
+        });
+        let batches = stream.map_err(|e| arrow_flight::error::FlightError::ExternalError(Box::new(e)));
         let out = FlightDataEncoderBuilder::new().with_schema(schema).build(batches).map_err(Status::from);
         Ok(Response::new(Box::pin(out)))
     }

@@ -13,8 +13,11 @@
 //! Workers listen on HOST:PORT (gRPC over TCP), unix:PATH or shm:PATH (transport.rs, shm.rs);
 //! the coordinator routes tasks with file affinity (affinity.rs; `--no-affinity`: the crate's
 //! random routing). Workers on other hosts join over TCP through the coordinator's Flight actions
-//! (flight.rs). One copy per hop over shm comes next (docs/tiles.md).
+//! (flight.rs). Over shm the batches go through memory on the receiving tile's node, one copy per
+//! hop (exchange.rs; `--shm-data grpc`: over the rings' gRPC instead).
 mod affinity;
+mod rules;
+mod exchange;
 mod flight;
 mod shm;
 mod tally;
@@ -54,7 +57,7 @@ impl WorkerResolver for Workers {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: tilewise-tiles worker --listen HOST:PORT\n       \
+        "usage: tilewise-tiles worker --listen HOST:PORT [--shm-data direct|grpc]\n       \
          tilewise-tiles serve --listen HOST:PORT --workers URL[,URL...] --table NAME=PATH ...\n       \
          tilewise-tiles query --workers URL[,URL...] --table NAME=PATH ... (--sql TEXT | --sql-file FILE)"
     );
@@ -67,6 +70,7 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--listen" => listen = it.next().cloned(),
+            "--shm-data" => transport::set_shm_data(it.next().unwrap_or_else(|| usage()))?,
             _ => usage(),
         }
     }
@@ -82,9 +86,10 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
     };
     if let Some(path) = listen.strip_prefix("shm:") {
         eprintln!("tilewise-tiles worker listening on shm:{path}");
+        let on_data = exchange::on_data(worker.clone());
         Server::builder()
             .add_service(worker.into_worker_server())
-            .serve_with_incoming_shutdown(shm::incoming(path)?, shutdown)
+            .serve_with_incoming_shutdown(shm::incoming(path, on_data)?, shutdown)
             .await?;
     } else if let Some(path) = listen.strip_prefix("unix:") {
         let _ = std::fs::remove_file(path);
@@ -138,6 +143,7 @@ impl Session {
                 }
                 "--no-affinity" => s.affinity = false,
                 "--compression" => s.compression = Some(it.next().unwrap_or_else(|| usage()).clone()),
+                "--shm-data" => transport::set_shm_data(it.next().unwrap_or_else(|| usage()))?,
                 _ => rest.push(a.clone()),
             }
         }
@@ -159,6 +165,8 @@ impl Session {
             .with_default_features()
             .with_distributed_worker_resolver(self.workers.clone())
             .with_distributed_channel_resolver(transport::TileResolver::default())
+            .with_physical_optimizer_rule(Arc::new(rules::WindowSortKeys))
+            .with_physical_optimizer_rule(Arc::new(rules::CoopJoins))
             .with_distributed_planner();
         if self.affinity {
             builder = affinity::install(builder);
@@ -231,7 +239,7 @@ async fn serve(args: &[String]) -> Result<(), Box<dyn Error>> {
     }
     let addr: SocketAddr = listen.unwrap_or_else(|| usage()).parse()?;
     let ctx = Arc::new(session.context().await?);
-    let svc = FlightServiceServer::new(flight::Coordinator { ctx, workers: session.workers.clone() });
+    let svc = FlightServiceServer::new(flight::Coordinator { ctx, workers: session.workers.clone(), statements: Default::default() });
     eprintln!("tilewise-tiles coordinator (Flight SQL) listening on {addr}");
     Server::builder()
         .add_service(svc)

@@ -72,7 +72,7 @@ impl Drop for Ring {
 }
 
 /// mbind(MPOL_BIND) the range to the NUMA node this thread runs on (its tile's node: tiles are bound).
-fn bind_to_my_node(addr: *mut u8, len: usize) -> io::Result<()> {
+pub(crate) fn bind_to_my_node(addr: *mut u8, len: usize) -> io::Result<()> {
     let (mut cpu, mut node): (libc::c_uint, libc::c_uint) = (0, 0);
     if unsafe { libc::syscall(libc::SYS_getcpu, &mut cpu, &mut node, std::ptr::null_mut::<libc::c_void>()) } != 0 {
         return Err(io::Error::last_os_error());
@@ -93,13 +93,18 @@ fn bind_to_my_node(addr: *mut u8, len: usize) -> io::Result<()> {
 /// A ring's memory: named by the pid of the process that reads it (`tilewise-tiles-ring-r<PID>`), so
 /// that /proc shows whose node its pages must be on.
 fn memfd(cap: usize, reader: i32) -> io::Result<OwnedFd> {
-    let name = std::ffi::CString::new(format!("tilewise-tiles-ring-r{reader}")).expect("no NUL");
+    named_memfd(&format!("tilewise-tiles-ring-r{reader}"), HEADER + cap)
+}
+
+/// An anonymous shared-memory file of `len` bytes (no page is allocated before it is touched).
+pub(crate) fn named_memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let name = std::ffi::CString::new(name).expect("no NUL");
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), (HEADER + cap) as libc::off_t) } != 0 {
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(fd)
@@ -124,7 +129,7 @@ fn drain(fd: RawFd) {
 }
 
 /// The pid of the process at the other end of a connected Unix socket.
-fn peer_pid(sock: RawFd) -> io::Result<i32> {
+pub(crate) fn peer_pid(sock: RawFd) -> io::Result<i32> {
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     let r = unsafe {
@@ -136,7 +141,7 @@ fn peer_pid(sock: RawFd) -> io::Result<i32> {
     Ok(cred.pid)
 }
 
-fn send_ack(sock: RawFd) -> io::Result<()> {
+pub(crate) fn send_ack(sock: RawFd) -> io::Result<()> {
     let b = [1u8; 1];
     if unsafe { libc::send(sock, b.as_ptr() as *const libc::c_void, 1, libc::MSG_NOSIGNAL) } != 1 {
         return Err(io::Error::last_os_error());
@@ -145,7 +150,7 @@ fn send_ack(sock: RawFd) -> io::Result<()> {
 }
 
 /// Wait (blocking) for the worker's one byte: it has bound the ring it reads.
-fn recv_ack(sock: RawFd) -> io::Result<()> {
+pub(crate) fn recv_ack(sock: RawFd) -> io::Result<()> {
     let mut b = [0u8; 1];
     match unsafe { libc::recv(sock, b.as_mut_ptr() as *mut libc::c_void, 1, 0) } {
         1 => Ok(()),
@@ -156,8 +161,12 @@ fn recv_ack(sock: RawFd) -> io::Result<()> {
 
 // ---- fd passing (SCM_RIGHTS) ---------------------------------------------------------------------
 
-fn send_fds(sock: RawFd, fds: &[RawFd]) -> io::Result<()> {
-    let mut byte = [1u8; 1];
+/// What a connection to a worker's shm socket is for: the first byte of its set-up message.
+pub(crate) const KIND_RINGS: u8 = 1; // the crate's gRPC over two rings (this file)
+pub(crate) const KIND_DATA: u8 = 2; // execute_task's batches, one copy per hop (exchange.rs)
+
+pub(crate) fn send_fds(sock: RawFd, kind: u8, fds: &[RawFd]) -> io::Result<()> {
+    let mut byte = [kind; 1];
     let mut iov = libc::iovec { iov_base: byte.as_mut_ptr() as *mut libc::c_void, iov_len: 1 };
     let space = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<RawFd>()) as u32) } as usize;
     let mut cbuf = vec![0u8; space];
@@ -179,10 +188,11 @@ fn send_fds(sock: RawFd, fds: &[RawFd]) -> io::Result<()> {
     Ok(())
 }
 
-fn recv_fds(sock: RawFd, n: usize) -> io::Result<Vec<OwnedFd>> {
+/// The set-up message: its kind byte and the descriptors it passed (at most `max`).
+pub(crate) fn recv_fds(sock: RawFd, max: usize) -> io::Result<(u8, Vec<OwnedFd>)> {
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec { iov_base: byte.as_mut_ptr() as *mut libc::c_void, iov_len: 1 };
-    let space = unsafe { libc::CMSG_SPACE((n * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE((max * std::mem::size_of::<RawFd>()) as u32) } as usize;
     let mut cbuf = vec![0u8; space];
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -199,12 +209,19 @@ fn recv_fds(sock: RawFd, n: usize) -> io::Result<Vec<OwnedFd>> {
         if c.is_null() || (*c).cmsg_type != libc::SCM_RIGHTS {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "no descriptors passed"));
         }
+        let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
         let p = libc::CMSG_DATA(c) as *const RawFd;
-        for i in 0..n {
+        for i in 0..n.min(max) {
             out.push(OwnedFd::from_raw_fd(*p.add(i)));
         }
     }
-    Ok(out)
+    Ok((byte[0], out))
+}
+
+/// Register a descriptor this stream owns with tokio's reactor.
+fn async_fd<T: AsRawFd>(x: T) -> io::Result<AsyncFd<T>> {
+    // SAFETY: the AsyncFd owns x, so the descriptor stays open for as long as it is registered
+    unsafe { Ok(AsyncFd::register(x)?) }
 }
 
 // ---- the stream ------------------------------------------------------------------------------------
@@ -232,17 +249,19 @@ impl ShmStream {
         let rx = Ring::map(s2c.as_raw_fd(), RING_BYTES, true)?;
         let fds = [&c2s, &s2c, &c2s_data, &c2s_space, &s2c_data, &s2c_space].map(|f| f.as_raw_fd());
         let fd = sock.as_raw_fd();
-        tokio::task::spawn_blocking(move || send_fds(fd, &fds).and_then(|()| recv_ack(fd)))
+        tokio::task::spawn_blocking(move || send_fds(fd, KIND_RINGS, &fds).and_then(|()| recv_ack(fd)))
             .await
             .map_err(io::Error::other)??;
         let tx = Ring::map(c2s.as_raw_fd(), RING_BYTES, false)?;
         Self::assemble(tx, rx, c2s_data, c2s_space, s2c_data, s2c_space, sock)
     }
 
-    /// The worker's end of one accepted shm socket.
-    pub fn accept(sock: std::os::unix::net::UnixStream) -> io::Result<ShmStream> {
-        sock.set_nonblocking(false)?;
-        let mut f = recv_fds(sock.as_raw_fd(), 6)?.into_iter();
+    /// The worker's end of one accepted shm socket whose set-up message passed the rings (6 fds).
+    fn accept(sock: std::os::unix::net::UnixStream, fds: Vec<OwnedFd>) -> io::Result<ShmStream> {
+        if fds.len() != 6 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} descriptors passed, 6 expected", fds.len())));
+        }
+        let mut f = fds.into_iter();
         let (c2s, s2c) = (f.next().unwrap(), f.next().unwrap());
         let (c2s_data, c2s_space, s2c_data, s2c_space) =
             (f.next().unwrap(), f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
@@ -259,10 +278,10 @@ impl ShmStream {
             tx,
             rx,
             tx_data,
-            tx_space: AsyncFd::new(tx_space)?,
-            rx_data: AsyncFd::new(rx_data)?,
+            tx_space: async_fd(tx_space)?,
+            rx_data: async_fd(rx_data)?,
             rx_space,
-            control: AsyncFd::new(sock)?,
+            control: async_fd(sock)?,
         })
     }
 
@@ -380,25 +399,39 @@ impl Drop for ShmStream {
     }
 }
 
-/// The worker's shm listener as a stream of connections for tonic's `serve_with_incoming`.
-pub fn incoming(path: &str) -> io::Result<impl futures::Stream<Item = io::Result<ShmStream>>> {
+/// What a worker does with a data connection (exchange.rs): the socket and the arena it passed.
+pub type OnData = std::sync::Arc<dyn Fn(std::os::unix::net::UnixStream, Vec<OwnedFd>) + Send + Sync>;
+
+/// The worker's shm listener as a stream of ring connections for tonic's `serve_with_incoming`; a
+/// data connection (KIND_DATA) goes to `on_data` instead.
+pub fn incoming(path: &str, on_data: OnData) -> io::Result<impl futures::Stream<Item = io::Result<ShmStream>>> {
     let _ = std::fs::remove_file(path);
     let listener = tokio::net::UnixListener::bind(path)?;
-    Ok(async_stream(listener))
-}
-
-fn async_stream(listener: tokio::net::UnixListener) -> impl futures::Stream<Item = io::Result<ShmStream>> {
-    futures::stream::unfold(listener, |l| async move {
-        let r = match l.accept().await {
-            Ok((s, _)) => match s.into_std() {
-                Ok(std) => tokio::task::spawn_blocking(move || ShmStream::accept(std)).await.map_err(io::Error::other)
+    Ok(futures::stream::unfold((listener, on_data), |(l, on_data)| async move {
+        loop {
+            let sock = match l.accept().await.and_then(|(s, _)| s.into_std()) {
+                Ok(s) => s,
+                Err(e) => return Some((Err(e), (l, on_data))),
+            };
+            let set_up = tokio::task::spawn_blocking(move || -> io::Result<_> {
+                sock.set_nonblocking(false)?;
+                let (kind, fds) = recv_fds(sock.as_raw_fd(), 6)?;
+                Ok((sock, kind, fds))
+            });
+            let r = match set_up.await.map_err(io::Error::other).and_then(|x| x) {
+                Ok((sock, KIND_DATA, fds)) => {
+                    on_data(sock, fds);
+                    continue; // not tonic's: the next connection
+                }
+                Ok((sock, _, fds)) => tokio::task::spawn_blocking(move || ShmStream::accept(sock, fds))
+                    .await
+                    .map_err(io::Error::other)
                     .and_then(|x| x),
                 Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
-        Some((r, l))
-    })
+            };
+            return Some((r, (l, on_data)));
+        }
+    }))
 }
 
 impl tonic::transport::server::Connected for ShmStream {

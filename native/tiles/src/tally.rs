@@ -115,8 +115,9 @@ pub async fn tally(plan: Arc<dyn ExecutionPlan>, workers: usize) -> Result<BTree
     Ok(out)
 }
 
-/// One line for the coordinator's log: `tilewise-tiles query: {"tiles": {"0": {...}, ...}, "coordinator": {...}}`.
-pub fn line(t: &BTreeMap<Tile, Tally>) -> String {
+/// One line for the coordinator's log, for its n-th statement:
+/// `tilewise-tiles query: {"n": N, "tiles": {"0": {...}, ...}, "coordinator": {...}}`.
+pub fn line(n: u64, t: &BTreeMap<Tile, Tally>) -> String {
     let one = |x: &Tally| {
         format!(
             "{{\"tasks\":{},\"rows_scanned\":{},\"bytes_in\":{},\"messages_in\":{},\"latency_ns\":{},\"decode_ns\":{}}}",
@@ -125,5 +126,11 @@ pub fn line(t: &BTreeMap<Tile, Tally>) -> String {
     };
     let tiles: Vec<String> = t.iter().filter_map(|(k, v)| k.map(|i| format!("\"{i}\":{}", one(v)))).collect();
     let coord = t.get(&None).map(one).unwrap_or_else(|| "{}".to_string());
-    format!("tilewise-tiles query: {{\"tiles\":{{{}}},\"coordinator\":{}}}", tiles.join(","), coord)
+    format!("tilewise-tiles query: {{\"n\":{n},\"tiles\":{{{}}},\"coordinator\":{}}}", tiles.join(","), coord)
+}
+
+/// The line of a statement whose figures are not known: `{"n": N, "unmeasured": "why"}`.
+pub fn unmeasured(n: u64, why: &str) -> String {
+    let why = why.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', " ");
+    format!("tilewise-tiles query: {{\"n\":{n},\"unmeasured\":\"{why}\"}}")
 }

@@ -7,10 +7,11 @@ cooperate on every query through the crate's exchange (shuffles, coalesces, broa
 network boundaries); clients connect with ADBC (`adbc-driver-flightsql`) or JDBC.
 
 The exchange is chosen per deployment (`--exchange shm|unix|tcp`, Capabilities.exchanges): the
-crate's gRPC over shared-memory rings bound to the reading tile's node, Unix sockets or TCP. Each tile
-owns a share of the data (shares.py: whole files of a K-file layout, the same on every query). Still
-to come (docs/tiles.md): one copy per hop over shm. Workers on other hosts join over TCP (`tilewise
-join --engine tiles`: the coordinator's Flight actions).
+batches written once into shared memory on the reading tile's node and read there in place (shm;
+the control messages as the crate's gRPC over rings on the same nodes), the crate's gRPC over Unix
+sockets, or over TCP. Each tile owns a share of the data (shares.py: whole files of a K-file layout,
+the same on every query). Workers on other hosts join over TCP (`tilewise join --engine tiles`: the
+coordinator's Flight actions).
 """
 
 from __future__ import annotations
@@ -57,5 +58,5 @@ SPEC = EngineSpec(
     scan_split=splits.FileAffinity(one_file="cut into byte ranges by the crate, each on the same tile on every "
                                              "query; not predicted (see the measured figures)"),
     check_shares=shares.check,
-    env=(build.CACHE, build.COMPRESSION),
+    env=(build.CACHE, build.COMPRESSION, build.SHM_DATA),
 )

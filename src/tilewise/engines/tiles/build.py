@@ -35,6 +35,11 @@ CACHE_VAR = CACHE.name
 # save; measured faster, docs/tiles.md) and the crate's lz4 over tcp (between hosts too)
 COMPRESSION = envvars.Var("TILEWISE_TILES_COMPRESSION", envvars.choice("none", "lz4", "zstd"), "none, lz4 or zstd",
                           "unset it for the measured default (none over shm and unix, lz4 over tcp)")
+# over shm, how the batches travel: `direct` (the default) writes each one once into memory on the
+# receiving tile's node and reads it there in place (native/tiles/src/exchange.rs); `grpc` sends
+# them over the rings' gRPC like the control messages (to measure what the direct path saves)
+SHM_DATA = envvars.Var("TILEWISE_TILES_SHM_DATA", envvars.choice("direct", "grpc"), "direct or grpc",
+                       "unset it for the default (direct: one copy per hop)")
 
 
 def cache_root() -> Path:

@@ -30,6 +30,9 @@ READY_TIMEOUT_S = 60.0
 # cooperate on every query, as the deployment is meant to (the crate's default keeps small scans
 # on the coordinator); the task count is capped by the tiles (2 tasks per scan on 2 tiles)
 BYTES_PER_TASK = 64 << 10
+# how long scan_stats waits for the coordinator's line of the last statement (it writes it once the
+# workers' metrics are in, at most 3 s after the statement: native/tiles/src/flight.rs)
+FIGURES_WAIT_S = 5.0
 
 
 class TilesError(ClusterError):
@@ -71,6 +74,8 @@ class TilesCluster(ProcessCluster):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._conn = None
+        self._statements = 0  # run through the coordinator (each gets a numbered line of figures)
+        self._gave_up: set[int] = set()  # statements whose line did not come in time: never counted
 
     @classmethod
     def check_installed(cls) -> None:
@@ -93,6 +98,9 @@ class TilesCluster(ProcessCluster):
             # transport that reaches across hosts
             self.exchange = "tcp" if join else self.spec.check_exchange(self.exchange)
             urls = []
+            # over shm: the batches through memory on the receiver's node (or the rings' gRPC)
+            shm_data = (build.SHM_DATA.value() or "direct") if self.exchange == "shm" else None
+            data_args = ["--shm-data", shm_data] if shm_data else []
             for inst in plan.instances:
                 if self.exchange in ("shm", "unix"):  # shm: the socket that sets the rings up
                     sock = self.root / f"worker-{inst.id}.sock"
@@ -101,7 +109,7 @@ class TilesCluster(ProcessCluster):
                 else:
                     port = free_port(self.host)
                     listen, url, extra = f"{self.host}:{port}", f"http://{self.host}:{port}", {"port": port}
-                m = self._spawn("worker", inst.id, [exe, "worker", "--listen", listen],
+                m = self._spawn("worker", inst.id, [exe, "worker", "--listen", listen, *data_args],
                                 Binding.from_instance(inst, allocator), cores=len(inst.cpus), extra=extra)
                 self._verify_started(m)
                 urls.append(url)
@@ -117,12 +125,12 @@ class TilesCluster(ProcessCluster):
             inst = self.placement.coordinator
             compression = build.COMPRESSION.value() or ("lz4" if self.exchange == "tcp" else "none")
             argv = [exe, "serve", "--listen", f"{self.host}:{cport}", "--workers", ",".join(urls),
-                    "--bytes-per-partition", str(BYTES_PER_TASK), "--compression", compression]
+                    "--bytes-per-partition", str(BYTES_PER_TASK), "--compression", compression, *data_args]
             for name, path, _ in tables:
                 argv += ["--table", f"{name}={path}"]
             b = Binding.from_instance(inst, allocator) if inst is not None else Binding(None)
             m = self._spawn("coordinator", None, argv, b, cores=len(inst.cpus) if inst else 0,
-                            extra={"port": cport, "compression": compression})
+                            extra={"port": cport, "compression": compression, "shm_data": shm_data})
             self._verify_started(m)
             self.endpoint = f"grpc://{self.host}:{cport}"
             self.wait_log(m, LISTENING_RE, READY_TIMEOUT_S, "listen")
@@ -208,42 +216,66 @@ class TilesCluster(ProcessCluster):
 
     def _sql(self, sql: str, timeout_s: float | None = None):
         """Run one statement; after timeout_s the client cancels it (the coordinator drops its stream,
-        and with it the tasks on the tiles), and it fails naming the limit."""
+        and with it the tasks on the tiles), and it fails naming the limit.
+
+        The driver's call runs in a thread of its own while the main thread waits: in the main thread,
+        ADBC's driver manager puts its own SIGINT handler in place for the call and turns a Ctrl-C into
+        a cancel, which ends the call as an ordinary error ('context canceled') -- the run would record
+        a failed query and go on. Waiting here, the main thread gets tilewise's own handler: Ctrl-C
+        (and SIGTERM, which would otherwise wait for the statement's end) raises at once, the
+        statement is cancelled and the connection dropped, and the interrupt goes on up."""
         import threading
         import warnings
 
         t0 = time.monotonic()
-        timer, expired = None, threading.Event()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ADBC: "Cannot disable autocommit" (Flight SQL has none)
+            cur = self._connection().cursor()
+        done, out = threading.Event(), {}
+
+        def call() -> None:
+            try:
+                cur.execute(sql)
+                out["table"] = cur.fetch_arrow_table()
+            except Exception as e:  # noqa: BLE001 - the driver raises several types; handed to the caller
+                out["error"] = e
+            finally:
+                done.set()
+
+        self._statements += 1
+        threading.Thread(target=call, name="tiles-query", daemon=True).start()
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                cur = self._connection().cursor()
-                if timeout_s:
-                    def cancel() -> None:
-                        expired.set()
-                        try:
-                            cur.adbc_cancel()
-                        except Exception:  # noqa: BLE001 - a statement that just finished
-                            pass
-                    timer = threading.Timer(timeout_s, cancel)
-                    timer.daemon = True
-                    timer.start()
-                try:
-                    cur.execute(sql)
-                    table = cur.fetch_arrow_table()
-                finally:
-                    if timer is not None:
-                        timer.cancel()
-                    cur.close()
-        except Exception as e:  # noqa: BLE001 - the driver raises several types; one error line for the CLI
-            if expired.is_set():
-                self.close()  # a fresh connection for the next statement
-                raise TilewiseError(f"tiles query cancelled after the time limit of {timeout_s:g} s") from None
-            self.check_alive("run a query")
-            raise TilewiseError(f"tiles query failed: {' '.join(str(e).split())[:600]}") from None
-        if expired.is_set():  # it finished as the limit came
+            finished = done.wait(timeout_s)
+        except BaseException:  # Ctrl-C, SIGTERM: stop the statement, then let the interrupt go on
+            self._abandon(cur, done)
+            raise
+        if not finished:
+            self._abandon(cur, done)
             raise TilewiseError(f"tiles query cancelled after the time limit of {timeout_s:g} s")
-        return table, time.monotonic() - t0
+        try:
+            cur.close()
+        except Exception:  # noqa: BLE001 - a cursor of a server that is gone
+            pass
+        if "error" in out:
+            self.check_alive("run a query")
+            raise TilewiseError(f"tiles query failed: {' '.join(str(out['error']).split())[:600]}") from None
+        return out["table"], time.monotonic() - t0
+
+    def _abandon(self, cur, done, wait_s: float = 5.0) -> None:
+        """Cancel a running statement (the coordinator drops its stream and its tasks), give the
+        driver a moment to return, and drop the connection: the next statement gets a fresh one."""
+        try:
+            cur.adbc_cancel()
+        except Exception:  # noqa: BLE001 - a statement that just finished
+            pass
+        done.wait(wait_s)
+        self._conn, conn = None, self._conn
+        if conn is not None and done.is_set():  # a connection whose call is still running is left to it
+            try:
+                cur.close()
+                conn.close()
+            except Exception:  # noqa: BLE001 - a connection to a server that is gone
+                pass
 
     def run_query(self, sql: str, *, instance: int | None = None, timeout_s: float | None = None) -> QueryResult:
         self._check_whole_cluster(instance)
@@ -272,13 +304,17 @@ class TilesCluster(ProcessCluster):
         coord = self._coordinator()
         return {} if m is None else {"threads": m.cores, "pid": m.pid, **resident_mb(m.pid),
                                      "settings": {"exchange": self.exchange,
-                                                  "compression": coord.extra.get("compression") if coord else None}}
+                                                  "compression": coord.extra.get("compression") if coord else None,
+                                                  "shm_data": coord.extra.get("shm_data") if coord else None}}
 
     def scan_stats(self) -> dict[int, dict] | None:
         """Per tile, cumulative: its scan tasks and the bytes of the files and ranges assigned to them
         (what its worker logs per task: shares.read_log), and the rows its scans produced and what its
-        exchange received (what the coordinator logs per query from the crate's metrics:
-        shares.read_coordinator_log; tile i = the i-th worker, in the plan's instance order)."""
+        exchange received (what the coordinator logs per statement from the crate's metrics, once they
+        are in: shares.read_coordinator_log; tile i = the i-th worker, in the plan's instance order);
+        `unmeasured`: the statements so far whose figures are not known. Waits (FIGURES_WAIT_S at
+        most) for the line of the last statement run; one that comes later is never counted, so that
+        it cannot be taken for the next statement's."""
         def text(m) -> str:
             try:
                 return Path(m.log).read_text(errors="replace")
@@ -286,12 +322,21 @@ class TilesCluster(ProcessCluster):
                 return ""
 
         coord = self._coordinator()
-        tallies = shares.read_coordinator_log(text(coord)) if coord is not None else {}
+        tallies, unmeasured = {}, set()
+        if coord is not None:
+            deadline = time.monotonic() + FIGURES_WAIT_S
+            while True:
+                tallies, seen, unmeasured = shares.read_coordinator_log(text(coord), self._gave_up)
+                if self._statements in seen or self._statements == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            self._gave_up |= set(range(1, self._statements + 1)) - seen
         out = {}
         for i, m in enumerate(self.workers()):  # started in the order the coordinator was given them
             d = shares.read_log(text(m))
             out[m.instance] = {"tasks": d["tasks"], "input_bytes": d["input_bytes"],
-                               **tallies.get(str(i), dict.fromkeys(shares.TALLY_KEYS, 0))}
+                               **tallies.get(str(i), dict.fromkeys(shares.TALLY_KEYS, 0)),
+                               "unmeasured": len(unmeasured | self._gave_up)}
         return out
 
     def instance_extra(self, d: dict) -> dict:

@@ -51,19 +51,30 @@ def read_log(text: str) -> dict:
     return {"tasks": tasks, "input_bytes": assigned, "files": files}
 
 
-def read_coordinator_log(text: str) -> dict[str, dict[str, int]]:
-    """Per worker index (as the coordinator numbers its workers: "0", "1", ...) and "coordinator", the
-    sums over every query so far of what tally.rs logged: rows its scans produced, and what its
-    network boundaries received (bytes, messages, the messages' summed latency, decoding time)."""
+def read_coordinator_log(text: str, skip: set[int] | frozenset = frozenset()) -> tuple[dict[str, dict[str, int]], set[int], set[int]]:
+    """What tally.rs logged, one numbered line per statement: per worker index (as the coordinator
+    numbers its workers: "0", "1", ...) and "coordinator", the sums over the statements measured so
+    far (rows its scans produced; what its network boundaries received: bytes, messages, the
+    messages' summed latency, decoding time); the numbers of the statements with a line; and those
+    whose figures are not known (the coordinator said so: a task's metrics never came). The
+    statements in `skip` are left out (tilewise stopped waiting for them)."""
     out: dict[str, dict[str, int]] = {}
+    seen, unmeasured = set(), set()
     for m in QUERY_LINE.finditer(text):
         try:
             doc = json.loads(m.group(1))
-        except ValueError:
+        except ValueError:  # a line cut short by a coordinator that died while writing it
+            continue
+        n = doc.get("n")
+        if not isinstance(n, int) or n in seen:
+            continue
+        seen.add(n)
+        if "unmeasured" in doc:
+            unmeasured.add(n)
+        if n in skip or n in unmeasured:
             continue
         for key, d in [*doc.get("tiles", {}).items(), ("coordinator", doc.get("coordinator") or {})]:
             acc = out.setdefault(key, dict.fromkeys(TALLY_KEYS, 0))
             for k in TALLY_KEYS:
                 acc[k] += int(d.get(k, 0))
-    return out
-
+    return out, seen, unmeasured

@@ -505,10 +505,13 @@ TILE_SUMS = ("tasks", "rows_scanned", "bytes_in", "messages_in", "latency_ns", "
 def tile_balance(queries: dict[str, list[dict]], key: str = "rows_scanned"
                  ) -> tuple[dict[int, dict], str | None, float | None]:
     """Per tile, the sums over the measured run's queries; and the query whose `key` (rows scanned,
-    bytes received) was spread most unevenly over the tiles, with its max/mean (1.0 = even)."""
+    bytes received) was spread most unevenly over the tiles, with its max/mean (1.0 = even). A query
+    whose figures the engine could not collect (`unmeasured`: unmeasured_queries) is left out."""
     sums: dict[int, dict] = {}
     worst, worst_ratio = None, None
     for q, rows in queries.items():
+        if q in unmeasured_queries(queries):
+            continue
         for x in rows:
             acc = sums.setdefault(x["tile"], dict.fromkeys(TILE_SUMS, 0))
             for k in TILE_SUMS:
@@ -521,6 +524,11 @@ def tile_balance(queries: dict[str, list[dict]], key: str = "rows_scanned"
     return sums, worst, worst_ratio
 
 
+def unmeasured_queries(queries: dict[str, list[dict]]) -> list[str]:
+    """The queries whose per-tile figures the engine could not collect (a task's metrics never came)."""
+    return [q for q, rows in queries.items() if any(x.get("unmeasured", 0) for x in rows)]
+
+
 def render_tiles(doc: BenchmarkDoc, out) -> None:
     """Cooperating tiles that say what each did per query (rows scanned, what their exchange received):
     per tile, the sums over the measured run, and how evenly the scans were spread."""
@@ -529,9 +537,12 @@ def render_tiles(doc: BenchmarkDoc, out) -> None:
         if not any("rows_scanned" in x for rows in queries.values() for x in rows):
             continue
         sums, _, _ = tile_balance(queries)
-        t = T.table(f"{n}: per tile over the {rec.tiles.get('measured_in')} run's {len(queries)} queries (the "
-                    "engine's own metrics): tasks, rows its scans produced, and what its exchange received -- MB, "
-                    "messages, the messages' summed latency (send to receipt) and the time spent decoding them",
+        missing = unmeasured_queries(queries)
+        t = T.table(f"{n}: per tile over the {rec.tiles.get('measured_in')} run's {len(queries) - len(missing)} queries "
+                    "(the engine's own metrics): tasks, rows its scans produced, and what its exchange received -- MB, "
+                    "messages, the messages' summed latency (send to receipt) and the time spent decoding them"
+                    + (f"; without figures (a task's metrics never came), not counted: {', '.join(missing)}"
+                       if missing else ""),
                     ("tile", "tasks", "rows scanned", "MB in", "messages", "latency s", "decode s"), left=["tile"])
         for i in sorted(sums):
             x = sums[i]
