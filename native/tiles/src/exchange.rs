@@ -329,6 +329,9 @@ struct Delivered {
 
 impl Drop for Delivered {
     fn drop(&mut self) {
+        if self.bytes == 0 {
+            return; // a message's other batches: the budget is charged to its last one
+        }
         let mut p = [0u8; 16];
         p[..8].copy_from_slice(&self.call.to_le_bytes());
         p[8..].copy_from_slice(&self.bytes.to_le_bytes());
@@ -871,8 +874,9 @@ async fn send(served: &Served, call: u64, partition: u32, buffers: &[Buffer], bu
 
 /// As the crate does before sending: dictionaries garbage-collected, and string or binary views
 /// compacted -- but only views whose data buffers hold more than twice what their values use (a
-/// compaction is a copy; the crate compacts every view column, always).
-fn compact(batch: RecordBatch) -> Result<RecordBatch> {
+/// compaction is a copy; the crate compacts every view column, always). The coordinator does the
+/// same to what it answers (flight.rs): a few rows of a top-k may point into megabytes of buffers.
+pub fn compact(batch: RecordBatch) -> Result<RecordBatch> {
     let (schema, arrays, rows) = batch.into_parts();
     let arrays = arrays
         .into_iter()

@@ -161,7 +161,9 @@ impl FlightSqlService for Coordinator {
         let figures = Figures { plan: Some(plan), workers, n };
         let stream = stream.map(move |x| {
             let _ = &figures;
-            x
+            // what goes to the client carries only the bytes its rows use (views into the batches the
+            // tiles sent, or into the files, would drag whole buffers along: over gRPC's 16 MiB limit)
+            x.and_then(crate::exchange::compact)
         });
         let batches = stream.map_err(|e| arrow_flight::error::FlightError::ExternalError(Box::new(e)));
         let out = FlightDataEncoderBuilder::new().with_schema(schema).build(batches).map_err(Status::from);

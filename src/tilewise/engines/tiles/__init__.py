@@ -22,7 +22,7 @@ from tilewise.engines.tiles import build, shares
 from tilewise.engines.tiles.dialect import dialect
 from tilewise.parts import Part
 
-PART = Part("tiles", extra="tiles", group="engines", size="about 1.1 GB of build cache, a 110 MB binary",
+PART = Part("tiles", extra="tiles", group="engines", size="about 1.4 GB of build cache, a 129 MB binary",
             what="the tiles engine: datafusion-distributed workers bound per tile, a Flight SQL coordinator")
 
 
@@ -50,7 +50,7 @@ SPEC = EngineSpec(
     version=version,
     part=PART,
     install=install_step,
-    install_help="builds native/tiles with cargo into the cache (about 20 min the first time on 2 cores)",
+    install_help="builds native/tiles with cargo into the cache (about 16 min the first time on 2 cores)",
     dialect=dialect,  # dialect.py: TPC-DS q66, as the reference rewrites it
     endpoint_label="coordinator",
     # tile t reads files t, t+N, ... of a table of K >= 2 files on every query (shares.py); a table of
