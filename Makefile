@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 
 # Everything: every engine (Spark, ClickHouse, PostgreSQL, Trino: its server is about 820 MB from Maven
 # Central into ~/.cache/tilewise/trino, checked and resumable; tiles: native/tiles built with cargo
-# into ~/.cache/tilewise/tiles, about 16 min the first time on 2 cores, then only when its sources
+# into ~/.cache/tilewise/tiles, 12-16 min the first time on 2 cores, then only when its sources
 # change), the tensor extra, the test tools and the QEMU guests' packages. Each step installs only
 # what is missing.
 ENGINES_ALL := spark clickhouse postgres trino tiles

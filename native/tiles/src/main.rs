@@ -20,6 +20,7 @@ mod rules;
 mod exchange;
 mod flight;
 mod shm;
+mod slices;
 mod tally;
 mod transport;
 
@@ -79,6 +80,8 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
     let worker = Worker::from_session_builder(DefaultSessionBuilder.map(|b: SessionStateBuilder| {
         Ok(b.with_distributed_channel_resolver(transport::TileResolver::default())
             .with_distributed_worker_plan_rewrite_handler(affinity::log_scans)
+            .with_distributed_worker_plan_rewrite_handler(slices::slice_worker_plan)
+            .with_distributed_user_codec(slices::SlicesCodec)
             .build())
     }));
     let shutdown = async {
@@ -166,7 +169,9 @@ impl Session {
             .with_distributed_worker_resolver(self.workers.clone())
             .with_distributed_channel_resolver(transport::TileResolver::default())
             .with_physical_optimizer_rule(Arc::new(rules::WindowSortKeys))
+            .with_physical_optimizer_rule(Arc::new(slices::SliceProbes))
             .with_physical_optimizer_rule(Arc::new(rules::CoopJoins))
+            .with_distributed_user_codec(slices::SlicesCodec)
             .with_distributed_planner();
         if self.affinity {
             builder = affinity::install(builder);

@@ -13,8 +13,8 @@
 //!
 //! This rule wraps every join in DataFusion's `CooperativeExec` (it has a protobuf form), which
 //! spends a unit of the tokio task's budget per batch: after 128 batches the task yields, and a
-//! cancelled task ends. (A join that evaluates a filter over billions of pairs and emits almost
-//! nothing still runs until its current input batch is done.)
+//! cancelled task ends. A join that evaluates a filter over billions of pairs and emits almost
+//! nothing hands over no batch to count: slices.rs (ProbeSlices) makes that one yield.
 //!
 //! ## WindowSortKeys: every window's partition keys in the sort below it
 //!

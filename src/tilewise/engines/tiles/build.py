@@ -5,7 +5,7 @@ version of the sources: the binary is cached outside the checkout, under
 ``<cache>/tiles/<key>/tilewise-tiles``, where the key is a digest of the crate's sources, its lock
 file and the compiler's version; cargo's own target directory (``<cache>/tiles/target``) is shared
 by every key, so a change of our sources recompiles our crate only (seconds), not the 300 crates
-below it (a cold build: about 16 min on 2 cores with the `tilewise` profile, opt-level 1, 16 codegen
+below it (a cold build: 12-16 min on 2 cores with the `tilewise` profile, opt-level 1, 16 codegen
 units, no LTO or debug info). A failed build raises one error with the compiler's first error and
 the log's path.
 """
@@ -78,7 +78,7 @@ def missing() -> str | None:
     if shutil.which("cargo") is None:
         return "cargo (Rust) is not installed: install rustup's stable toolchain, then `tilewise engines install tiles`"
     if not binary_path().is_file():
-        return "its binary is not built for these sources: run `tilewise engines install tiles` (a first build takes about 16 min on 2 cores)"
+        return "its binary is not built for these sources: run `tilewise engines install tiles` (a first build takes 12-16 min on 2 cores)"
     return None
 
 
