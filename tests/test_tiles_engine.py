@@ -116,11 +116,15 @@ def test_up_query_over_flight_sql_and_a_killed_tile(tpch_sf001, state_env, tmp_p
         # stops on the tiles: a join of 1.8 billion pairs under a count (minutes here) yields per batch
         # (native/tiles/src/rules.rs, CoopJoins); and so does a join whose filter rejects every pair, which
         # emits nothing and so never returned from its poll: its probe side comes in slices with yields
-        # between them (native/tiles/src/slices.rs)
+        # between them (native/tiles/src/slices.rs); and that join under a grouped aggregate, whose
+        # shuffle's input tasks nothing dropped would stop (both tiles stayed at 100 %): the coordinator
+        # tells the workers the statement is over, and its joins fail (native/tiles/src/statements.rs)
         big_join = "select count(*) from lineitem a join lineitem b on a.l_linestatus = b.l_linestatus"
         no_output = big_join + " and a.l_orderkey + b.l_orderkey < 0"
+        shuffled = ("select count(*) from (select a.l_orderkey, count(*) from lineitem a join lineitem b"
+                    " on a.l_linestatus = b.l_linestatus and a.l_orderkey + b.l_orderkey < 0 group by 1)")
         workers = [m for m in up["members"] if m["role"] == "worker"]
-        for sql in (big_join, no_output):
+        for sql in (big_join, no_output, shuffled):
             cp = run_cli("query", "--name", "t", "--timeout", "1", sql, env=env, timeout=60)
             assert cp.returncode != 0 and cp.stderr.count("Error:") == 1, cp.stderr
             assert "cancelled after the time limit of 1 s" in cp.stderr
@@ -153,6 +157,39 @@ def test_up_query_over_flight_sql_and_a_killed_tile(tpch_sf001, state_env, tmp_p
         cp = run_cli("down", "--name", "t", env=env, timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert not wait_gone("TILEWISE_TEST_TAG", str(tmp_path), 10)
+
+
+def test_the_crates_own_unit_tests_pass():
+    """The native decisions tested in Rust (native/tiles: the slice sizes of slices.rs, the statement
+    registry of statements.rs, ...), built with the engine's profile in its shared target directory:
+    only our crate is compiled again (tens of seconds), the crates below it are the binary's."""
+    cp = subprocess.run(["cargo", "test", "--locked", "--profile", build.PROFILE], cwd=build.CRATE,
+                        env={**os.environ, "CARGO_TARGET_DIR": str(build.cache_root() / "target")},
+                        capture_output=True, text=True, timeout=900)
+    assert cp.returncode == 0, (cp.stdout + cp.stderr)[-3000:]
+    assert "test result: ok." in cp.stdout and " 0 failed" in cp.stdout, cp.stdout[-2000:]
+    assert "a_statement_ends_for_all_its_tasks_and_late_ones_are_born_over ... ok" in cp.stdout
+
+
+def test_the_binary_says_which_sources_it_was_built_from_and_the_build_checks_it(tmp_path, monkeypatch):
+    """cargo's target directory is shared by every checkout here (CI's clone, a worktree), and cargo gives
+    two checkouts of the crate one fingerprint: a build took changed sources for up to date and copied
+    out the other checkout's binary (seen). The key is compiled in (cargo rebuilds when it changes), the
+    binary reports it, and a build whose binary reports another key fails in one line."""
+    installed = build.binary_path()
+    out = subprocess.run([str(installed), "source-key"], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == build.source_key()
+    cache = tmp_path / "cache"  # a fresh key cache over the same target directory: cargo has nothing to do
+    cache.mkdir()
+    (cache / "target").symlink_to(build.cache_root() / "target")
+    monkeypatch.setenv(build.CACHE_VAR, str(cache))
+    monkeypatch.setattr(build, "_stamp", lambda binary: "0123456789abcdef")
+    from tilewise.errors import TilewiseError
+
+    with pytest.raises(TilewiseError) as e:
+        build.build()
+    assert "a binary of other sources" in str(e.value) and "0123456789abcdef" in str(e.value)
+    assert not (cache / build.source_key()).exists()
 
 
 def test_a_failing_build_is_one_line_with_the_compilers_first_error_and_the_log(tmp_path, monkeypatch):

@@ -36,17 +36,21 @@ pub struct Coordinator {
 /// not need: TPC-DS q14a, q23a) sends none: without a bound the wait never ends.
 const METRICS_WAIT: Duration = Duration::from_secs(3);
 
-/// Dropped with a statement's answer stream: logs what each tile did for it.
+/// Dropped with a statement's answer stream: tells every worker the statement is over (whatever
+/// of it still runs there stops: statements.rs) and logs what each tile did for it.
 struct Figures {
     plan: Option<Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
-    workers: usize,
+    workers: Vec<Url>,
+    id: String,
     n: u64,
 }
 
 impl Drop for Figures {
     fn drop(&mut self) {
-        let (Some(plan), workers, n) = (self.plan.take(), self.workers, self.n) else { return };
+        let (Some(plan), n) = (self.plan.take(), self.n) else { return };
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let workers = self.workers.len();
+        rt.spawn(crate::statements::tell_over(std::mem::take(&mut self.workers), std::mem::take(&mut self.id)));
         rt.spawn(async move {
             let figures = tokio::time::timeout(METRICS_WAIT, crate::tally::tally(plan, workers)).await;
             eprintln!("{}", match figures {
@@ -148,17 +152,22 @@ impl FlightSqlService for Coordinator {
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let sql = String::from_utf8(ticket.statement_handle.to_vec()).map_err(|_| Status::invalid_argument("ticket"))?;
-        let df = self.ctx.sql(&sql).await.map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // the statement's own session: its id goes with every plan sent to the workers
+        let n = self.statements.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let id = format!("{}-{n}", crate::statements::process_tag());
+        let mut state = self.ctx.state();
+        crate::statements::tag(state.config_mut(), &id).map_err(err)?;
+        let ctx = SessionContext::new_with_state(state);
+        let df = ctx.sql(&sql).await.map_err(|e| Status::invalid_argument(e.to_string()))?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let plan = df.create_physical_plan().await.map_err(err)?;
-        let stream = execute_stream(Arc::clone(&plan), self.ctx.task_ctx()).map_err(err)?;
+        let stream = execute_stream(Arc::clone(&plan), ctx.task_ctx()).map_err(err)?;
         // once the statement is over -- answered, failed or cancelled: the stream is dropped -- what
         // each tile did (tally.rs), one numbered line in the coordinator's log, written by a task of
         // its own: the client's answer does not wait for the workers' metrics (tilewise reads the
         // line after the statement's time is taken)
-        let workers = self.workers.0.read().expect("workers lock").len();
-        let n = self.statements.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let figures = Figures { plan: Some(plan), workers, n };
+        let workers = self.workers.0.read().expect("workers lock").clone();
+        let figures = Figures { plan: Some(plan), workers, id, n };
         let stream = stream.map(move |x| {
             let _ = &figures;
             // what goes to the client carries only the bytes its rows use (views into the batches the

@@ -21,6 +21,7 @@ mod exchange;
 mod flight;
 mod shm;
 mod slices;
+mod statements;
 mod tally;
 mod transport;
 
@@ -31,7 +32,7 @@ use datafusion::common::DataFusionError;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_distributed::{
-    DefaultSessionBuilder, DistributedExt, MappedWorkerSessionBuilderExt, SessionStateBuilderExt, Worker,
+    DistributedExt, SessionStateBuilderExt, Worker,
     WorkerResolver,
 };
 use tokio::net::UnixListener;
@@ -77,12 +78,12 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
     }
     let listen = listen.unwrap_or_else(|| usage());
     // workers read each other's shuffle outputs: they resolve URLs through the same transports
-    let worker = Worker::from_session_builder(DefaultSessionBuilder.map(|b: SessionStateBuilder| {
-        Ok(b.with_distributed_channel_resolver(transport::TileResolver::default())
+    // (each task's session also holds its statement: statements.rs)
+    let worker = Worker::from_session_builder(statements::TileSessions(|b: SessionStateBuilder| {
+        b.with_distributed_channel_resolver(transport::TileResolver::default())
             .with_distributed_worker_plan_rewrite_handler(affinity::log_scans)
             .with_distributed_worker_plan_rewrite_handler(slices::slice_worker_plan)
             .with_distributed_user_codec(slices::SlicesCodec)
-            .build())
     }));
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -92,6 +93,7 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
         let on_data = exchange::on_data(worker.clone());
         Server::builder()
             .add_service(worker.into_worker_server())
+            .add_service(statements::Control::server())
             .serve_with_incoming_shutdown(shm::incoming(path, on_data)?, shutdown)
             .await?;
     } else if let Some(path) = listen.strip_prefix("unix:") {
@@ -100,12 +102,17 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn Error>> {
         eprintln!("tilewise-tiles worker listening on unix:{path}");
         Server::builder()
             .add_service(worker.into_worker_server())
+            .add_service(statements::Control::server())
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
     } else {
         let addr: SocketAddr = listen.parse()?;
         eprintln!("tilewise-tiles worker listening on {addr}");
-        Server::builder().add_service(worker.into_worker_server()).serve_with_shutdown(addr, shutdown).await?;
+        Server::builder()
+            .add_service(worker.into_worker_server())
+            .add_service(statements::Control::server())
+            .serve_with_shutdown(addr, shutdown)
+            .await?;
     }
     Ok(())
 }
@@ -169,7 +176,7 @@ impl Session {
             .with_distributed_worker_resolver(self.workers.clone())
             .with_distributed_channel_resolver(transport::TileResolver::default())
             .with_physical_optimizer_rule(Arc::new(rules::WindowSortKeys))
-            .with_physical_optimizer_rule(Arc::new(slices::SliceProbes))
+            .with_physical_optimizer_rule(Arc::new(slices::SliceProbes::default()))
             .with_physical_optimizer_rule(Arc::new(rules::CoopJoins))
             .with_distributed_user_codec(slices::SlicesCodec)
             .with_distributed_planner();
@@ -255,13 +262,36 @@ async fn serve(args: &[String]) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+/// The digest of the sources, as tilewise's build passes it (engines/tiles/build.py): rustc records
+/// that the crate reads it, so cargo compiles the crate again whenever it changes -- and so refreshes
+/// the binary it puts in the shared target directory, which another checkout's build may have
+/// replaced with its own.
+const SOURCE_KEY: &str = match option_env!("TILEWISE_TILES_SOURCE_KEY") {
+    Some(k) => k,
+    None => "",
+};
+
+/// Scheduler ticks between two looks at the sockets and rings (tokio's default: 61). A join that
+/// runs for minutes yields every few milliseconds (slices.rs); at 61 ticks of it a worker would
+/// hear a call -- a statement's end (statements.rs), a plan -- only every second or so.
+const EVENT_INTERVAL: u32 = 16;
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().event_interval(EVENT_INTERVAL).build()?;
+    rt.block_on(run())
+}
+
+async fn run() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("worker") => worker(&args[2..]).await,
         Some("query") => query(&args[2..]).await,
         Some("serve") => serve(&args[2..]).await,
+        // the digest of the sources this binary was built from (tilewise's build checks it)
+        Some("source-key") => {
+            println!("{SOURCE_KEY}");
+            Ok(())
+        }
         _ => usage(),
     }
 }

@@ -13,25 +13,31 @@
 //! The rule below puts this node between every hash or nested-loop join and its probe (right)
 //! input. The node measures how long the join took over the rows of the slice it was last handed
 //! (the time from handing it over to being polled again) and cuts the next batch so that a slice
-//! takes about `SLICE_TARGET`; a batch the join gets through quickly passes whole (a slice is a
-//! zero-copy view). Once `TURN` has gone by since the task last yielded, the node returns Pending
-//! (and wakes itself): the join passes the Pending up, the task yields, and a task that was
-//! cancelled or dropped in the meantime ends there. The node has the properties of its input.
+//! takes about `SLICE_TARGET`, and never more than `MAX_SLICE` rows: a row's cost can jump from
+//! one slice to the next (JCC-H q21's probe side reaches a mega order of 300,000 lines after
+//! thousands of cheap rows), and the join is deaf until its slice is done -- measured, while slices
+//! could grow to a whole batch (8192 rows) one kept a tile from hearing anything for 11 s. A slice
+//! is a zero-copy view; a smaller batch passes whole. Once `TURN` has gone by since the task last
+//! yielded, the node returns Pending (and wakes itself): the join passes the Pending up, the task
+//! yields, and a task that was cancelled or dropped in the meantime ends there. The node has the
+//! properties of its input.
 //!
 //! The coordinator adds the node before the distributed planner cuts the plan into stages (the
 //! workers receive it in the plans, through `SlicesCodec`, and the crate's per-task metrics keep the
 //! plan's topology on both sides). The planner rebuilds some of the joins it cuts, without the node:
 //! each worker therefore applies the rule again to every task's plan it decodes
-//! (`slice_worker_plan`). Measured on JCC-H q21 at SF 1 (2 tiles over `tcp`, cancelled after 10 s):
-//! with the coordinator's rule alone one join on tile 1 had no node and the tile kept computing; with
-//! the workers' pass too, both tiles were idle within a second. Not solved: over `shm` the same
-//! cancelled q21 keeps tile 1 computing (its semi join, in a repartition's task, stops polling this
-//! node after its first slice); see docs/tiles.md.
+//! (`slice_worker_plan`); on JCC-H q21 at SF 1, with the coordinator's rule alone, one join on tile 1
+//! had no node. Yielding is not stopping, though: a cancelled q21 still kept tile 1 computing, over
+//! tcp and shm alike -- its semi join was polled and yielded as it should, but in a hash
+//! repartition's input task that nothing aborted (statements.rs). So the node is also where a
+//! statement's end reaches its work: once the coordinator has told the worker that the statement is
+//! over, the node fails its stream at its next poll.
+use crate::statements::{self, Statement};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
-use datafusion::common::{internal_err, Result};
+use datafusion::common::{exec_err, internal_err, Result};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -50,9 +56,11 @@ use std::time::{Duration, Instant};
 /// How long the join should take over one slice.
 const SLICE_TARGET: Duration = Duration::from_millis(10);
 /// At most this long between two yields of the task (while the join keeps taking slices).
-const TURN: Duration = Duration::from_millis(20);
+const TURN: Duration = Duration::from_millis(10);
 /// The first slice of a stream: small, as nothing is known yet of what a row costs the join.
 const FIRST_SLICE: usize = 64;
+/// The largest slice, however cheap the rows were so far (an eighth of DataFusion's batch).
+const MAX_SLICE: usize = 1024;
 /// What the node's codec writes (it has no parameters): a tag that a wrong node cannot match.
 const TAG: &[u8] = b"tilewise.ProbeSlices/1";
 
@@ -60,12 +68,14 @@ const TAG: &[u8] = b"tilewise.ProbeSlices/1";
 pub struct ProbeSlices {
     input: Arc<dyn ExecutionPlan>,
     properties: Arc<PlanProperties>,
+    /// the statement this node runs for, on a worker (statements.rs); None on the coordinator
+    statement: Option<Arc<Statement>>,
 }
 
 impl ProbeSlices {
-    pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+    pub fn new(input: Arc<dyn ExecutionPlan>, statement: Option<Arc<Statement>>) -> Self {
         let properties = Arc::clone(input.properties());
-        Self { input, properties }
+        Self { input, properties, statement }
     }
 }
 
@@ -112,9 +122,10 @@ impl ExecutionPlan for ProbeSlices {
             return internal_err!("ProbeSlices takes one child, got {}", children.len());
         }
         let input = children.swap_remove(0);
+        let statement = self.statement.clone();
         Ok(Arc::new(match options.children_properties {
-            ChildrenPropertiesMode::Keep => Self { input, properties: Arc::clone(&self.properties) },
-            ChildrenPropertiesMode::Recompute => Self::new(input),
+            ChildrenPropertiesMode::Keep => Self { input, properties: Arc::clone(&self.properties), statement },
+            ChildrenPropertiesMode::Recompute => Self::new(input, statement),
         }))
     }
 
@@ -125,19 +136,20 @@ impl ExecutionPlan for ProbeSlices {
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let input = self.input.execute(partition, ctx)?;
         let now = Instant::now();
-        Ok(Box::pin(Slicer { input, rest: None, rows: FIRST_SLICE, handed: None, turn: now }))
+        let statement = self.statement.clone();
+        Ok(Box::pin(Slicer { input, rest: None, rows: FIRST_SLICE, handed: None, turn: now, statement, ended: false }))
     }
 }
 
-/// Rows of the next slice, from the time the join took over the last one's rows.
+/// Rows of the next slice, from the time the join took over the last one's rows (at most MAX_SLICE).
 pub fn next_slice(spent: Duration, rows: usize) -> usize {
     let per_row = spent.as_secs_f64() / rows.max(1) as f64;
     if per_row <= 0.0 {
-        return usize::MAX;
+        return MAX_SLICE;
     }
     let n = SLICE_TARGET.as_secs_f64() / per_row;
-    if n >= usize::MAX as f64 {
-        usize::MAX
+    if n >= MAX_SLICE as f64 {
+        MAX_SLICE
     } else {
         (n as usize).max(1)
     }
@@ -151,12 +163,23 @@ struct Slicer {
     handed: Option<(Instant, usize)>,
     /// when the task last yielded
     turn: Instant,
+    statement: Option<Arc<Statement>>,
+    /// the statement's end was reported: the stream is over
+    ended: bool,
 }
 
 impl Stream for Slicer {
     type Item = Result<RecordBatch>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if self.statement.as_ref().is_some_and(|s| s.is_over()) {
+            self.ended = true;
+            self.rest = None;
+            return Poll::Ready(Some(exec_err!("the statement is over (its coordinator ended it): this join stops")));
+        }
         let now = Instant::now();
         if let Some((at, rows)) = self.handed.take() {
             self.rows = next_slice(now - at, rows);
@@ -202,9 +225,12 @@ fn is_probing_join(p: &Arc<dyn ExecutionPlan>) -> bool {
     p.downcast_ref::<HashJoinExec>().is_some() || p.downcast_ref::<NestedLoopJoinExec>().is_some()
 }
 
-/// The rule: every hash or nested-loop join's right (probe) input behind a ProbeSlices.
+/// The rule: every hash or nested-loop join's right (probe) input behind a ProbeSlices (of the
+/// statement the plan runs for, on a worker).
 #[derive(Debug, Default)]
-pub struct SliceProbes;
+pub struct SliceProbes {
+    pub statement: Option<Arc<Statement>>,
+}
 
 impl PhysicalOptimizerRule for SliceProbes {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
@@ -217,7 +243,8 @@ impl PhysicalOptimizerRule for SliceProbes {
             if probe.downcast_ref::<ProbeSlices>().is_some() {
                 return Ok(Transformed::no(node)); // the rule may run twice
             }
-            let new: Vec<Arc<dyn ExecutionPlan>> = vec![Arc::clone(build), Arc::new(ProbeSlices::new(Arc::clone(probe)))];
+            let sliced = ProbeSlices::new(Arc::clone(probe), self.statement.clone());
+            let new: Vec<Arc<dyn ExecutionPlan>> = vec![Arc::clone(build), Arc::new(sliced)];
             drop(children);
             // the wrapper has its input's properties: the join's stay as they were (its dynamic
             // filter on the probe side's scan included)
@@ -239,7 +266,8 @@ impl PhysicalOptimizerRule for SliceProbes {
 /// coordinator's rule runs before the distributed planner, which may still rebuild the joins it
 /// cuts into stages: here is the plan that runs.
 pub fn slice_worker_plan(ev: WorkerPlanRewriteEvent) -> Result<WorkerPlanRewriteEventResponse> {
-    Ok(WorkerPlanRewriteEventResponse::new(SliceProbes.optimize(ev.plan, &ConfigOptions::default())?))
+    let rule = SliceProbes { statement: statements::of(&ev.session_config) };
+    Ok(WorkerPlanRewriteEventResponse::new(rule.optimize(ev.plan, &ConfigOptions::default())?))
 }
 
 /// ProbeSlices in the plans the coordinator sends (installed on the coordinator and every worker).
@@ -251,11 +279,12 @@ impl PhysicalExtensionCodec for SlicesCodec {
         &self,
         buf: &[u8],
         inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
+        ctx: &TaskContext,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match (buf, inputs) {
-            (TAG, [input]) => Ok(Arc::new(ProbeSlices::new(Arc::clone(input)))),
+            // on a worker: the node of the statement the task's session belongs to
+            (TAG, [input]) => Ok(Arc::new(ProbeSlices::new(Arc::clone(input), statements::of(ctx.session_config())))),
             _ => internal_err!("not a tilewise plan node ({} bytes, {} inputs)", buf.len(), inputs.len()),
         }
     }
@@ -280,13 +309,13 @@ mod tests {
 
     #[test]
     fn slices_take_about_the_target() {
-        // 10 ms for 8192 rows: the next slice is the same size
-        assert_eq!(next_slice(Duration::from_millis(10), 8192), 8192);
+        // 10 ms for 512 rows: the next slice is the same size
+        assert_eq!(next_slice(Duration::from_millis(10), 512), 512);
         // 5 s for 64 rows (JCC-H q21's mega orders): about one row
         assert_eq!(next_slice(Duration::from_secs(5), 64), 1);
-        // fast: the batch passes whole
-        assert!(next_slice(Duration::from_micros(50), 8192) > 1_000_000);
-        assert_eq!(next_slice(Duration::ZERO, 8192), usize::MAX);
+        // fast rows: at most MAX_SLICE, for the next rows may not be
+        assert_eq!(next_slice(Duration::from_micros(50), 8192), MAX_SLICE);
+        assert_eq!(next_slice(Duration::ZERO, 8192), MAX_SLICE);
     }
 }
 

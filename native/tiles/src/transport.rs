@@ -38,7 +38,7 @@ pub fn set_shm_data(mode: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Channels over Unix sockets and rings, one per URL for the process's life.
+/// Channels to workers, one per URL for the process's life.
 fn local() -> &'static Mutex<HashMap<Url, BoxCloneSyncChannel>> {
     static LOCAL: OnceLock<Mutex<HashMap<Url, BoxCloneSyncChannel>>> = OnceLock::new();
     LOCAL.get_or_init(Default::default)
@@ -49,36 +49,42 @@ pub struct TileResolver {
     tcp: DefaultChannelResolver,
 }
 
-impl TileResolver {
-    /// A channel over a Unix socket or shared-memory rings (built once per URL).
-    async fn local_channel(&self, url: &Url) -> Result<BoxCloneSyncChannel, DataFusionError> {
-        if let Some(c) = local().lock().unwrap().get(url) {
-            return Ok(c.clone());
-        }
-        let path = url.path().to_string();
-        let who = format!("{}:{path}", url.scheme());
-        // the URI is a placeholder: the connector below decides where bytes go
-        let endpoint = Endpoint::try_from("http://[::]:50051").map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let channel = if url.scheme() == "shm" {
-            endpoint
-                .connect_with_connector(service_fn(move |_: Uri| {
-                    let p = path.clone();
-                    async move { Ok::<_, std::io::Error>(TokioIo::new(ShmStream::connect(&p).await?)) }
-                }))
-                .await
-        } else {
-            endpoint
-                .connect_with_connector(service_fn(move |_: Uri| {
-                    let p = path.clone();
-                    async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
-                }))
-                .await
-        }
-        .map_err(|e| DataFusionError::Execution(format!("cannot reach the worker at {who}: {e}")))?;
-        let boxed = BoxCloneSyncChannel::new(channel);
-        local().lock().unwrap().entry(url.clone()).or_insert(boxed.clone());
-        Ok(boxed)
+/// A channel to a worker, whatever its transport (built once per URL and process). The crate's
+/// own resolver makes its TCP channels (`TileResolver`); this one also carries tilewise's own calls
+/// to the workers (statements.rs).
+pub async fn channel(url: &Url) -> Result<BoxCloneSyncChannel, DataFusionError> {
+    if let Some(c) = local().lock().unwrap().get(url) {
+        return Ok(c.clone());
     }
+    let path = url.path().to_string();
+    let who = if url.scheme() == "http" { url.to_string() } else { format!("{}:{path}", url.scheme()) };
+    let unreachable = |e: tonic::transport::Error| DataFusionError::Execution(format!("cannot reach the worker at {who}: {e}"));
+    let channel = match url.scheme() {
+        "http" => Endpoint::from_shared(url.to_string()).map_err(unreachable)?.connect().await.map_err(unreachable)?,
+        scheme => {
+            // the URI is a placeholder: the connector below decides where bytes go
+            let endpoint = Endpoint::try_from("http://[::]:50051").map_err(|e| DataFusionError::External(Box::new(e)))?;
+            if scheme == "shm" {
+                endpoint
+                    .connect_with_connector(service_fn(move |_: Uri| {
+                        let p = path.clone();
+                        async move { Ok::<_, std::io::Error>(TokioIo::new(ShmStream::connect(&p).await?)) }
+                    }))
+                    .await
+            } else {
+                endpoint
+                    .connect_with_connector(service_fn(move |_: Uri| {
+                        let p = path.clone();
+                        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
+                    }))
+                    .await
+            }
+            .map_err(unreachable)?
+        }
+    };
+    let boxed = BoxCloneSyncChannel::new(channel);
+    local().lock().unwrap().entry(url.clone()).or_insert(boxed.clone());
+    Ok(boxed)
 }
 
 #[async_trait]
@@ -86,11 +92,11 @@ impl ChannelResolver for TileResolver {
     async fn get_worker_client_for_url(&self, url: &Url) -> Result<Box<dyn WorkerChannel>, DataFusionError> {
         match url.scheme() {
             "shm" if !SHM_DATA_GRPC.load(Ordering::Relaxed) => Ok(Box::new(ShmChannel {
-                grpc: create_worker_client(self.local_channel(url).await?),
+                grpc: create_worker_client(channel(url).await?),
                 path: url.path().to_string(),
                 who: format!("shm:{}", url.path()),
             })),
-            "unix" | "shm" => Ok(create_worker_client(self.local_channel(url).await?)),
+            "unix" | "shm" => Ok(create_worker_client(channel(url).await?)),
             _ => self.tcp.get_worker_client_for_url(url).await,
         }
     }

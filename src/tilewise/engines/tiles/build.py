@@ -4,8 +4,9 @@
 version of the sources: the binary is cached outside the checkout, under
 ``<cache>/tiles/<key>/tilewise-tiles``, where the key is a digest of the crate's sources, its lock
 file and the compiler's version; cargo's own target directory (``<cache>/tiles/target``) is shared
-by every key, so a change of our sources recompiles our crate only (seconds), not the 300 crates
-below it (a cold build: 12-16 min on 2 cores with the `tilewise` profile, opt-level 1, 16 codegen
+by every key and every checkout on the machine (a CI clone reuses it), so a change of our sources
+recompiles our crate only (seconds), not the 300 crates below it; the binary copied out is checked
+to be of these sources (`tilewise-tiles source-key`) (a cold build: 12-16 min on 2 cores with the `tilewise` profile, opt-level 1, 16 codegen
 units, no LTO or debug info). A failed build raises one error with the compiler's first error and
 the log's path.
 """
@@ -28,6 +29,7 @@ from tilewise.errors import TilewiseError
 CRATE = Path(__file__).resolve().parents[4] / "native" / "tiles"
 BINARY = "tilewise-tiles"
 PROFILE = "tilewise"
+KEY_VAR = "TILEWISE_TILES_SOURCE_KEY"  # the sources' key, compiled into the binary (`source-key`)
 CACHE = envvars.Var("TILEWISE_TILES_CACHE", envvars.directory, "a directory",
                      "set it to a writable directory for the engine's build, or unset it")
 CACHE_VAR = CACHE.name
@@ -110,15 +112,26 @@ def build(message=lambda s: None) -> dict:
     t0 = time.monotonic()
     with open(log, "w") as fh:
         r = subprocess.run([cargo, "build", "--locked", "--profile", PROFILE, "--bin", BINARY],
-                           cwd=CRATE, env=dict(os.environ, CARGO_TARGET_DIR=str(target)), stdout=fh,
-                           stderr=subprocess.STDOUT)
+                           cwd=CRATE, env=dict(os.environ, CARGO_TARGET_DIR=str(target), **{KEY_VAR: key}),
+                           stdout=fh, stderr=subprocess.STDOUT)
     seconds = round(time.monotonic() - t0, 1)
     if r.returncode != 0:
         raise TilewiseError(f"the tiles engine's build failed: {first_error(log.read_text(errors='replace'))}",
                             f"the whole log: {log}")
+    built = target / PROFILE / BINARY
+    # the target directory is shared by every checkout on this machine (a CI clone, a worktree), and
+    # cargo gives two checkouts of one crate the same fingerprint: after another checkout's build it
+    # took this one's changed sources for up to date and the other's binary was copied out (seen).
+    # The crate reads the key (KEY_VAR), so cargo compiles it again whenever the key changes, and the
+    # binary says which key it was built with: it must be this one.
+    stamp = _stamp(built)
+    if stamp != key:
+        raise TilewiseError(f"the tiles engine's build left a binary of other sources in {built} "
+                            f"(its key {stamp or 'unknown'}, these sources' {key})",
+                            f"remove {target} and run `tilewise engines install tiles` again")
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{BINARY}.tmp"
-    shutil.copy2(target / PROFILE / BINARY, tmp)
+    shutil.copy2(built, tmp)
     os.replace(tmp, exe)
     doc = {"binary": str(exe), "key": key, "built": True, "seconds": seconds, "bytes": exe.stat().st_size,
            "rustc": rustc_version()}
@@ -126,6 +139,15 @@ def build(message=lambda s: None) -> dict:
     log.unlink(missing_ok=True)
     doc["removed"] = prune(keep=KEEP)
     return doc
+
+
+def _stamp(binary: Path) -> str | None:
+    """The source key a built binary was compiled with (`tilewise-tiles source-key`)."""
+    try:
+        r = subprocess.run([str(binary), "source-key"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
 
 
 KEEP = 2  # binaries kept: this one and the one before it (a branch switch back costs no rebuild)
