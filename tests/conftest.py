@@ -20,15 +20,22 @@ def pytest_addoption(parser):
     parser.addoption("--run-device", action="store_true", help="run tests that need a 16+ core machine or a GPU")
 
 
+def run_slow(config) -> bool:
+    """Whether this session runs the slow tests (and the guests' slow checks)."""
+    return bool(config.getoption("--run-slow") or os.environ.get("TILEWISE_SLOW") == "1")
+
+
 def pytest_collection_modifyitems(config, items):
-    run_slow = config.getoption("--run-slow") or os.environ.get("TILEWISE_SLOW") == "1"
+    slow = run_slow(config)
+    # timing-sensitive tests last (a stable sort): by then the guests have ended (_quiet waits for them)
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is not None)
     run_device = config.getoption("--run-device") or os.environ.get("TILEWISE_DEVICE") == "1"
     # markers, not keywords: keywords also hold directory names (a checkout in a folder named vm...)
     vm_skip = None
     if any(item.get_closest_marker("vm") for item in items):
         vm_skip = _vm_skip_reason()
     for item in items:
-        if item.get_closest_marker("slow") and not run_slow:
+        if item.get_closest_marker("slow") and not slow:
             item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow or TILEWISE_SLOW=1"))
         if item.get_closest_marker("device") and not run_device:
             item.add_marker(pytest.mark.skip(reason="device: needs a 16+ core machine or a GPU (--run-device)"))
@@ -41,6 +48,37 @@ def pytest_collection_modifyitems(config, items):
             if why and os.environ.get("TILEWISE_TRINO_E2E") != "1":
                 item.add_marker(pytest.mark.skip(reason=f"trino: {why}"))
             # under TILEWISE_TRINO_E2E=1 (CI) a missing Trino fails the test instead of skipping it
+
+
+def pytest_collection_finish(session):
+    """Start the QEMU guests as soon as the tests are known, when a selected test will read one: they
+    boot two at a time beside the host's tests (about 12 minutes of guest time on 2 cores) instead of
+    after them."""
+    config = session.config
+    if config.option.collectonly or getattr(config, "_tilewise_vm_guests", None) is not None:
+        return
+    if not any("guests" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("skip")
+               for item in session.items):
+        return
+    from vm.guests import Guests
+
+    g = config._tilewise_vm_guests = Guests(slow=run_slow(config))
+    g.start()
+
+
+def pytest_sessionfinish(session):
+    g = getattr(session.config, "_tilewise_vm_guests", None)
+    if g is not None:
+        g.close()
+
+
+@pytest.fixture(autouse=True)
+def _quiet(request):
+    """A `quiet` test starts once the session's QEMU guests have ended (they run at the session's end,
+    so this rarely waits)."""
+    g = getattr(request.config, "_tilewise_vm_guests", None)
+    if g is not None and request.node.get_closest_marker("quiet"):
+        g.wait()
 
 
 def _vm_skip_reason() -> str | None:

@@ -31,7 +31,9 @@ while True:
         time.sleep(0.01)
 """
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+# quiet: the daemon's demand counts the time a task waits for a CPU, and the QEMU guests beside the
+# other tests keep both CPUs busy (an idle child waited 320 ms in 2 ticks and got a second core)
+pytestmark = [pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs"), pytest.mark.quiet]
 
 
 @pytest.fixture

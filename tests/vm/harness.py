@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -730,15 +731,67 @@ def qemu_command(t: GuestTopology, *, kernel: Path, initrd: Path, out_dir: Path,
     ]
 
 
-def run(t: GuestTopology, command: str | list[str], *, cwd: str | os.PathLike | None = None,
-        env: dict[str, str] | None = None, share: Iterable[str | os.PathLike] = (), timeout: float = 600,
-        accel: str | None = None) -> GuestResult:
-    """Boot a guest with topology ``t``, run ``command`` (a shell string or an argv list) in ``cwd``
-    (default: the current directory) and return its output and exit code. The guest sees the host's
-    files; ``share`` names host paths the command needs besides ``cwd`` (e.g. pytest's tmp_path), which
-    it sees even under /tmp, /run or /dev/shm (see guest_shares). Raises VMPathError before booting
-    when one of them cannot be shown, VMError when the guest does not report an exit code (boot
-    failure, timeout), with the console's tail."""
+# The guests this process is running: a test session starts them beside its other tests, which may
+# count their own child processes or hold off process starts (START_GATE), and ends them when it
+# ends early (stop_all) instead of waiting for minutes of guest time.
+_LIVE: dict[int, subprocess.Popen] = {}
+_LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+START_GATE = threading.Lock()  # held around a QEMU start; hold it to see no guest start meanwhile
+
+
+def live_pids() -> set[int]:
+    """The QEMU processes this process has running now (each registered under START_GATE)."""
+    with _LIVE_LOCK:
+        return set(_LIVE)
+
+
+def stop_all() -> None:
+    """Kill every guest this process runs and start no more (their runs raise VMError)."""
+    _STOPPING.set()
+    with _LIVE_LOCK:
+        running = list(_LIVE.values())
+    for proc in running:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@dataclass(frozen=True)
+class Job:
+    """A guest run with everything it depends on resolved when it was prepared: it may run later on
+    another thread while the preparing thread changes its environment, directory or temporary
+    directory (tests do), and it reads none of them."""
+    topology: GuestTopology
+    command: str
+    cwd: str
+    env: dict[str, str]  # the guest command's
+    shares: tuple[Share, ...]
+    timeout: float
+    accel: str
+    auto: bool  # accel was chosen here (a KVM guest that cannot boot goes on under TCG)
+    kernel: Path
+    initramfs: Path
+    scratch: str  # where the run's folder (initrd, console) goes
+    qemu_env: dict[str, str]  # QEMU's own environment
+
+    def run(self) -> GuestResult:
+        try:
+            return _run(self, self.accel)
+        except VMError as e:
+            if _STOPPING.is_set() or not e.before_ready or not (self.accel == "tcg" or self.auto):
+                raise
+            # A guest that never reached init: a KVM guest that cannot boot here goes on under TCG; a TCG
+            # guest that hung before init (seen once in many boots: an empty console after 120 s) gets one
+            # more boot. The command never started, so nothing ran twice; a second failure is raised.
+            print(f"vm: {e}\nvm: booting guest {self.topology.name} once more under TCG", file=sys.stderr)
+            return _run(self, "tcg")
+
+
+def prepare(t: GuestTopology, command: str | list[str], *, cwd: str | os.PathLike | None = None,
+            env: dict[str, str] | None = None, share: Iterable[str | os.PathLike] = (), timeout: float = 600,
+            accel: str | None = None) -> Job:
+    """A run of ``command`` in a guest with topology ``t`` (see run), checked and resolved now: raises
+    VMUnavailable or VMPathError here, before anything boots; builds the cached kernel and initramfs."""
     why = missing_prerequisites()
     if why:
         raise VMUnavailable(why)
@@ -748,17 +801,20 @@ def run(t: GuestTopology, command: str | list[str], *, cwd: str | os.PathLike | 
     env = guest_env(env)
     shares = guest_shares([cwd, *share], [*command_paths(command), *env_paths(env)])
     auto = accel is None and os.environ.get("TILEWISE_VM_ACCEL") not in ("tcg", "kvm")
-    accel = accel or accelerator()
-    try:
-        return _run(t, command, cwd=cwd, env=env, shares=shares, timeout=timeout, accel=accel)
-    except VMError as e:
-        if not e.before_ready or not (accel == "tcg" or auto):
-            raise
-        # A guest that never reached init: a KVM guest that cannot boot here goes on under TCG; a TCG
-        # guest that hung before init (seen once in many boots: an empty console after 120 s) gets one
-        # more boot. The command never started, so nothing ran twice; a second failure is raised.
-        print(f"vm: {e}\nvm: booting guest {t.name} once more under TCG", file=sys.stderr)
-        return _run(t, command, cwd=cwd, env=env, shares=shares, timeout=timeout, accel="tcg")
+    return Job(t, command, cwd, env, tuple(shares), timeout, accel or accelerator(), auto, kernel_image(),
+               base_initramfs(), tempfile.gettempdir(), dict(os.environ))
+
+
+def run(t: GuestTopology, command: str | list[str], *, cwd: str | os.PathLike | None = None,
+        env: dict[str, str] | None = None, share: Iterable[str | os.PathLike] = (), timeout: float = 600,
+        accel: str | None = None) -> GuestResult:
+    """Boot a guest with topology ``t``, run ``command`` (a shell string or an argv list) in ``cwd``
+    (default: the current directory) and return its output and exit code. The guest sees the host's
+    files; ``share`` names host paths the command needs besides ``cwd`` (e.g. pytest's tmp_path), which
+    it sees even under /tmp, /run or /dev/shm (see guest_shares). Raises VMPathError before booting
+    when one of them cannot be shown, VMError when the guest does not report an exit code (boot
+    failure, timeout), with the console's tail."""
+    return prepare(t, command, cwd=cwd, env=env, share=share, timeout=timeout, accel=accel).run()
 
 
 SCRATCH_PREFIX = "tilewise-vm-guest-"
@@ -783,23 +839,26 @@ def sweep(base: str | None = None) -> list[Path]:
     return removed
 
 
-def _run(t: GuestTopology, command: str, *, cwd: str, env: dict[str, str], shares: list[Share], timeout: float,
-         accel: str) -> GuestResult:
-    kernel = kernel_image()
-    base = base_initramfs()
-    sweep()
-    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{t.name}-") as d:
+def _run(job: Job, accel: str) -> GuestResult:
+    t, timeout = job.topology, job.timeout
+    sweep(job.scratch)
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{t.name}-", dir=job.scratch) as d:
         out = Path(d)
         initrd = out / "initrd.cpio"
-        initrd.write_bytes(base.read_bytes() + job_archive(command, cwd, env, t.cgroup, shares))
+        initrd.write_bytes(job.initramfs.read_bytes() + job_archive(job.command, job.cwd, job.env, t.cgroup, job.shares))
         for name in ("console", "stdout", "stderr"):
             (out / name).write_bytes(b"")
-        cmd = qemu_command(t, kernel=kernel, initrd=initrd, out_dir=out, accel=accel)
-        start = time.monotonic()
-        # through the process edge: its own session, and SIGKILL when the Python that started it dies
-        # (pytest stopped by a timeout's SIGTERM runs no finally: the guest must not outlive it)
-        proc = launch.spawn(cmd, None, die_with_parent=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+        cmd = qemu_command(t, kernel=job.kernel, initrd=initrd, out_dir=out, accel=accel)
+        with START_GATE:
+            if _STOPPING.is_set():
+                raise VMError(f"guest {t.name} not started: the guest runs were stopped")
+            start = time.monotonic()
+            # through the process edge: its own session, and SIGKILL when the Python that started it dies
+            # (pytest stopped by a timeout's SIGTERM runs no finally: the guest must not outlive it)
+            proc = launch.spawn(cmd, None, env=job.qemu_env, die_with_parent=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=d)
+            with _LIVE_LOCK:
+                _LIVE[proc.pid] = proc
         boot_s = None
         try:
             while True:
@@ -824,6 +883,8 @@ def _run(t: GuestTopology, command: str, *, cwd: str, env: dict[str, str], share
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            with _LIVE_LOCK:
+                _LIVE.pop(proc.pid, None)
         total = time.monotonic() - start
         console = (out / "console").read_text(errors="replace")
         stdout = _clean((out / "stdout").read_bytes())

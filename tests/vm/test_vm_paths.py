@@ -100,13 +100,20 @@ def test_run_shows_the_directory_the_argv_the_caches_and_the_shared_paths(monkey
     monkeypatch.setattr(harness, "missing_prerequisites", lambda: None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(under_tmp / "cache"))
     monkeypatch.setenv("PYTHONPATH", f"{under_tmp / 'src'}{os.pathsep}/usr/lib{os.pathsep}{under_tmp / 'gone'}")
-    seen = {}
-    monkeypatch.setattr(harness, "_run", lambda t, command, **k: seen.update(k, command=command))
-    harness.run(harness.GuestTopology("single-node", cores=2), ["/usr/bin/env", str(under_tmp / "data"), "x"],
-                cwd=under_tmp / "co", env={"TILEWISE_BIN_DIR": str(under_tmp / "bin")}, share=[under_tmp / "tmp_path"])
-    assert seen["env"]["XDG_CACHE_HOME"] == str(under_tmp / "cache")
-    assert seen["env"]["PYTHONPATH"] == os.environ["PYTHONPATH"]
-    assert seen["shares"] == [Share(str(under_tmp / d), str(under_tmp / d)) for d in ("bin", "cache", "co", "data", "src", "tmp_path")]
+    monkeypatch.setattr(harness, "kernel_image", lambda: under_tmp / "vmlinuz")
+    monkeypatch.setattr(harness, "base_initramfs", lambda: under_tmp / "initramfs")
+    job = harness.prepare(harness.GuestTopology("single-node", cores=2), ["/usr/bin/env", str(under_tmp / "data"), "x"],
+                          cwd=under_tmp / "co", env={"TILEWISE_BIN_DIR": str(under_tmp / "bin")},
+                          share=[under_tmp / "tmp_path"])
+    assert job.command == f"/usr/bin/env {under_tmp / 'data'} x" and job.cwd == str(under_tmp / "co")
+    assert job.env["XDG_CACHE_HOME"] == str(under_tmp / "cache")
+    assert job.env["PYTHONPATH"] == os.environ["PYTHONPATH"]
+    assert job.shares == tuple(Share(str(under_tmp / d), str(under_tmp / d))
+                               for d in ("bin", "cache", "co", "data", "src", "tmp_path"))
+    # resolved when prepared: a later change of this thread's environment or directory is not seen
+    monkeypatch.setenv("XDG_CACHE_HOME", "/elsewhere")
+    monkeypatch.chdir("/")
+    assert job.qemu_env["XDG_CACHE_HOME"] == str(under_tmp / "cache") and job.scratch == tempfile.gettempdir()
     assert harness.command_paths(f"cat {under_tmp}/'a b' -n /etc/hosts") == [f"{under_tmp}/a b", "/etc/hosts"]
 
 
