@@ -60,10 +60,9 @@ def pytest_collection_finish(session):
     if not any("guests" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("skip")
                for item in session.items):
         return
-    from vm.guests import Guests
+    from vm.guests import of_session
 
-    g = config._tilewise_vm_guests = Guests(slow=run_slow(config))
-    g.start()
+    of_session(config, run_slow(config)).start()
 
 
 def pytest_sessionfinish(session):

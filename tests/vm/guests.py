@@ -8,11 +8,11 @@ host's tests instead of after them; every input they read is resolved then (harn
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import sys
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 
 import pytest
@@ -153,7 +153,7 @@ class Guests:
 
     def wait(self) -> None:
         """Until every guest run has ended (whatever its outcome: the guests' tests report it)."""
-        concurrent.futures.wait(list(self.futures.values()))
+        wait_for(list(self.futures.values()))
 
     def close(self) -> None:
         """End the session's guests: a run nobody waited for (-x, Ctrl-C, a deselected test) is
@@ -163,6 +163,15 @@ class Guests:
         if not all(f.done() for f in self.futures.values()):
             harness.stop_all()
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def of_session(config, slow: bool) -> Guests:
+    """The pytest session's one Guests (made by the first caller: the collection's end, or the `guests`
+    fixture of a session that did not see a guest test then); tests/vm/conftest.py reports its times."""
+    g = getattr(config, "_tilewise_vm_guests", None)
+    if g is None:
+        g = config._tilewise_vm_guests = Guests(slow=slow)
+    return g
 
 
 def warm_tpch_cache() -> None:

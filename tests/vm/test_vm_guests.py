@@ -16,7 +16,7 @@ import pytest
 
 from conftest import run_slow
 from vm import harness
-from vm.guests import BENCH_QUERIES, CHECKS, PROBE_CPUS, SLOW_CHECKS, UP_SQL, Guests, postgres_missing
+from vm.guests import BENCH_QUERIES, CHECKS, PROBE_CPUS, SLOW_CHECKS, UP_SQL, of_session, postgres_missing
 from vm.topologies import TOPOLOGIES
 
 # A guest can take minutes under TCG on a busy 2-core machine; the first test of a guest waits for it.
@@ -26,10 +26,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
 @pytest.fixture(scope="session")
 def guests(request):
     """The session's guests, started when collection ended (tests/conftest.py); closed when it ends."""
-    g = getattr(request.config, "_tilewise_vm_guests", None)
-    if g is None:  # a session that did not see this test at collection time
-        g = request.config._tilewise_vm_guests = Guests(slow=run_slow(request.config))
-    return g
+    return of_session(request.config, run_slow(request.config))
 
 
 def guests_with(check: str) -> list[str]:
